@@ -1,0 +1,42 @@
+"""Problems -> fixed-shape token arrays (left-padded prompts, right-padded responses)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from opd_jax.data.task import Problem
+from opd_jax.models.tokenizer import encode_prompt
+
+
+def encode_prompts(tokenizer, problems: list[Problem], max_prompt_tokens: int,
+                   use_chat_template: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """(prompt_BxP int32, valid_BxP bool), left-padded to max_prompt_tokens; too-long prompts keep their end."""
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+  tokens = np.full((len(problems), max_prompt_tokens), pad, np.int32)
+  valid = np.zeros((len(problems), max_prompt_tokens), bool)
+  for i, problem in enumerate(problems):
+    ids = encode_prompt(tokenizer, problem.prompt, use_chat_template)[-max_prompt_tokens:]
+    tokens[i, max_prompt_tokens - len(ids):] = ids
+    valid[i, max_prompt_tokens - len(ids):] = True
+  return tokens, valid
+
+
+def encode_solutions(tokenizer, problems: list[Problem], max_response_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+  """(response_BxR int32, mask_BxR float32): each reference solution + EOS, right-padded (for SFT)."""
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+  tokens = np.full((len(problems), max_response_tokens), pad, np.int32)
+  mask = np.zeros((len(problems), max_response_tokens), np.float32)
+  for i, problem in enumerate(problems):
+    ids = tokenizer.encode(problem.solution, add_special_tokens=False) + [tokenizer.eos_token_id]
+    if len(ids) > max_response_tokens:
+      raise ValueError(f"solution of problem {problem.prompt!r} has {len(ids)} tokens > "
+                       f"max_response_tokens={max_response_tokens}")
+    tokens[i, :len(ids)] = ids
+    mask[i, :len(ids)] = 1.0
+  return tokens, mask
+
+
+def decode_responses(tokenizer, tokens_BxN: np.ndarray, mask_BxN: np.ndarray) -> list[str]:
+  """Response texts (special tokens, EOS and padding dropped)."""
+  return [tokenizer.decode([int(t) for t, m in zip(row, mrow) if m > 0], skip_special_tokens=True)
+          for row, mrow in zip(tokens_BxN, mask_BxN)]

@@ -1,0 +1,199 @@
+"""Hugging Face checkpoint import and export (config.json + safetensors, single file or sharded).
+
+Module paths mirror HF names, so the mapping is mechanical: `layers.3.self_attn.q_proj.kernel` <->
+`model.layers.3.self_attn.q_proj.weight` (transposed: HF stores Linear weights as [out, in]),
+`embed_tokens.embedding` <-> `model.embed_tokens.weight`, `lm_head.kernel` <-> `lm_head.weight`.
+
+Loading builds the model abstractly (`nnx.eval_shape`, no memory), then reads one tensor at a time,
+checks its shape, converts it and places it on device (optionally with a per-parameter sharding), so the
+host never holds the whole model twice. Every problem raises `CheckpointError` before a model is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from opd_jax.models.config import CheckpointError, ModelConfig, read_hf_config
+from opd_jax.models.decoder import Decoder
+
+SUPPORTED_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_INDEX_FILE = "model.safetensors.index.json"
+_IGNORABLE = re.compile(r"(.*rotary_emb\.inv_freq|lm_head\.weight)$")  # lm_head only when tied
+
+
+def canonical_dtype(dtype) -> str:
+  """'float32' or 'bfloat16'; anything else is an error naming the supported choices."""
+  try:
+    name = jnp.dtype(dtype).name
+  except TypeError:
+    name = str(dtype)
+  if name not in SUPPORTED_DTYPES:
+    raise CheckpointError(f"dtype {name!r} is not supported for model parameters; use float32 or bfloat16")
+  return name
+
+
+def hf_name(path: tuple) -> tuple[str, bool]:
+  """Our parameter path -> (HF tensor name, whether the tensor is stored transposed)."""
+  parts = [str(p) for p in path]
+  leaf = parts[-1]
+  if leaf == "kernel":
+    name, transpose = ".".join(parts[:-1] + ["weight"]), True
+  elif leaf == "embedding":
+    name, transpose = ".".join(parts[:-1] + ["weight"]), False
+  else:
+    name, transpose = ".".join(parts), False
+  return (name if parts[0] == "lm_head" else "model." + name), transpose
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+  """HF tensor name -> safetensors file that holds it (from the sharded index, or by listing files)."""
+  index_file = os.path.join(path, _INDEX_FILE)
+  if os.path.isfile(index_file):
+    with open(index_file) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise CheckpointError(f"{index_file} has no 'weight_map' (expected a safetensors shard index)")
+    for file in set(weight_map.values()):
+      if not os.path.isfile(os.path.join(path, file)):
+        raise CheckpointError(f"{index_file} names shard {file!r}, which is missing from {path!r}")
+    return dict(weight_map)
+  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise CheckpointError(f"checkpoint dir {path!r} has no *.safetensors files (pytorch .bin is not "
+                          "supported; convert with transformers' save_pretrained(safe_serialization=True))")
+  names = {}
+  for file in files:
+    with safe_open(os.path.join(path, file), framework="numpy") as f:
+      names.update({k: file for k in f.keys()})
+  return names
+
+
+def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
+                    sharding_for: Callable[[tuple], jax.sharding.Sharding] | None = None) -> Decoder:
+  """Reads an HF checkpoint directory into a Decoder with parameters in `dtype`.
+
+  compute_dtype: activation dtype (default: `dtype`). sharding_for: optional map from parameter path to
+  a jax Sharding; each tensor is placed with it as it is read (sharded loading onto a mesh).
+  """
+  param_dtype = SUPPORTED_DTYPES[canonical_dtype(dtype)]
+  compute_dtype = SUPPORTED_DTYPES[canonical_dtype(compute_dtype or dtype)]
+  config = read_hf_config(path)
+  abstract = nnx.eval_shape(lambda: Decoder(config, dtype=compute_dtype, param_dtype=param_dtype))
+  graphdef, abstract_state = nnx.split(abstract)
+  files = _tensor_files(path)
+  used = set()
+  leaves = {}
+  with contextlib.ExitStack() as stack:
+    handles = {}
+    for param_path, variable in nnx.to_flat_state(abstract_state):
+      name, transpose = hf_name(param_path)
+      expected = tuple(variable.get_value().shape)
+      file = files.get(name)
+      if file is None:
+        raise CheckpointError(f"checkpoint dir {path!r}: tensor {name!r} is missing "
+                              f"(config.json describes a {config.model_type} model that needs it)")
+      if file not in handles:
+        handles[file] = stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
+      array = handles[file].get_tensor(name)
+      stored = tuple(array.shape)
+      if (stored[::-1] if transpose else stored) != expected:
+        want = expected[::-1] if transpose else expected
+        raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has shape {stored}, "
+                              f"expected {want} from config.json")
+      if array.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64):
+        raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has dtype {array.dtype}; "
+                              "expected a floating-point tensor")
+      array = array.T if transpose else array
+      value = jnp.asarray(array, dtype=param_dtype)
+      if sharding_for is not None:
+        value = jax.device_put(value, sharding_for(param_path))
+      del array
+      leaves[param_path] = value
+      used.add(name)
+  unexpected = sorted(n for n in files if n not in used and not _IGNORABLE.match(n))
+  if unexpected:
+    raise CheckpointError(f"checkpoint dir {path!r} has tensors config.json does not describe: "
+                          f"{', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
+  state = nnx.from_flat_state([(p, v.replace(leaves[p])) for p, v in nnx.to_flat_state(abstract_state)])
+  return nnx.merge(graphdef, state)
+
+
+def param_dtype_of(model: Decoder) -> str:
+  leaf = jax.tree.leaves(nnx.state(model, nnx.Param))[0]
+  return jnp.dtype(leaf.dtype).name
+
+
+def save_pretrained(model: Decoder, path: str, *, dtype=None, max_shard_bytes: int = 4 << 30,
+                    extra_files: dict[str, str] | None = None) -> None:
+  """Writes config.json, generation_config.json and safetensors that transformers loads.
+
+  Tensors above `max_shard_bytes` in total are split into model-0000i-of-0000n.safetensors with an index.
+  Files are written to a temporary directory first and moved into `path` only when all are complete.
+  extra_files: {file name: source path} copied alongside (e.g. tokenizer files).
+  """
+  dtype_name = canonical_dtype(dtype or param_dtype_of(model))
+  np_dtype = np.float32 if dtype_name == "float32" else ml_dtypes.bfloat16
+  config: ModelConfig = model.config
+  tensors = {}
+  for param_path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    value = variable.get_value()
+    if not isinstance(value, jax.Array):
+      raise ValueError(f"parameter {'.'.join(map(str, param_path))} is quantized; save_pretrained "
+                       "takes the unquantized (learner) model")
+    name, transpose = hf_name(param_path)
+    array = np.asarray(jax.device_get(value.astype(jnp.float32))).astype(np_dtype)
+    tensors[name] = np.ascontiguousarray(array.T if transpose else array)
+  shards, current, size = [], {}, 0
+  for name, array in tensors.items():
+    if current and size + array.nbytes > max_shard_bytes:
+      shards.append(current)
+      current, size = {}, 0
+    current[name] = array
+    size += array.nbytes
+  shards.append(current)
+
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".opd_save_", dir=parent)
+  try:
+    if len(shards) == 1:
+      save_file(shards[0], os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    else:
+      weight_map = {}
+      for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(tmp, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+      with open(os.path.join(tmp, _INDEX_FILE), "w") as f:
+        total = sum(a.nbytes for a in tensors.values())
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(config.to_hf_dict(dtype_name), f, indent=2)
+    generation = {"bos_token_id": config.bos_token_id, "pad_token_id": config.pad_token_id,
+                  "eos_token_id": list(config.eos_token_id) or None}
+    with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+      json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
+    for file, source in (extra_files or {}).items():
+      shutil.copyfile(source, os.path.join(tmp, file))
+    os.makedirs(path, exist_ok=True)
+    for stale in os.listdir(path):  # old weights would shadow the new ones (e.g. single file vs shards)
+      if stale.endswith(".safetensors") or stale == _INDEX_FILE:
+        os.remove(os.path.join(path, stale))
+    for file in os.listdir(tmp):
+      os.replace(os.path.join(tmp, file), os.path.join(path, file))
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,64 @@
+"""The one place every matmul against a weight goes through: Linear and Embed.
+
+Legend: B batch, T time, D in-features, F out-features, V vocab.
+
+A weight is either a plain array or a quantized tensor (values + scales, made by
+`opd_jax.rollout.precision`). Quantized tensors carry their own `dequant()`; the matmul then runs
+against the dequantized weight in the compute dtype (weight-only quantization, W8A16-style), so a
+precision recipe changes numbers exactly where a real int8/fp8 rollout engine would.
+
+Each layer also records the logical axes of its weight (`axes`), which the sharding rules in
+`opd_jax.models.sharding` map onto mesh axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def materialize(weight, dtype) -> jax.Array:
+  """A weight as a dense array in `dtype`, dequantizing quantized storage."""
+  if hasattr(weight, "dequant"):
+    weight = weight.dequant()
+  return weight.astype(dtype)
+
+
+class Linear(nnx.Module):
+  """y = x @ kernel (+ bias); kernel is [in, out] (HF stores the transpose)."""
+
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool, axes: tuple[str, str],
+               dtype, param_dtype, rngs: nnx.Rngs):
+    scale = in_features ** -0.5
+    self.kernel = nnx.Param(
+        jax.random.normal(rngs.params(), (in_features, out_features), param_dtype) * scale)
+    self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
+    self.axes = axes
+    self.dtype = dtype
+
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    kernel_DxF = materialize(self.kernel.get_value(), self.dtype)
+    y_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD.astype(self.dtype), kernel_DxF)
+    if self.bias is not None:
+      y_BxTxF = y_BxTxF + self.bias.get_value().astype(self.dtype)[None, None, :]
+    return y_BxTxF
+
+
+class Embed(nnx.Module):
+  """Token embedding table [V, D]; `attend` is the tied output head."""
+
+  def __init__(self, vocab_size: int, features: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+    self.embedding = nnx.Param(jax.random.normal(rngs.params(), (vocab_size, features), param_dtype) * 0.02)
+    self.axes = ("vocab", "embed")
+    self.dtype = dtype
+
+  def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+    table = self.embedding.get_value()
+    if hasattr(table, "dequant"):  # quantized table (per-row scales): dequantize only the rows looked up
+      return table[tokens_BxT].dequant().astype(self.dtype)
+    return jnp.take(table, tokens_BxT, axis=0).astype(self.dtype)
+
+  def attend(self, x_BxTxD: jax.Array) -> jax.Array:
+    table_VxD = materialize(self.embedding.get_value(), self.dtype)
+    return jnp.einsum("btd,vd->btv", x_BxTxD.astype(self.dtype), table_VxD)

@@ -1,0 +1,31 @@
+"""Tokenizer loading (transformers' AutoTokenizer, offline, from the checkpoint directory)."""
+
+from __future__ import annotations
+
+import os
+
+from opd_jax.models.config import CheckpointError
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def has_tokenizer(path: str) -> bool:
+  return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+
+
+def load_tokenizer(path: str):
+  """AutoTokenizer from `path` without touching the network; a clear error when none is there."""
+  if not has_tokenizer(path):
+    raise CheckpointError(f"checkpoint dir {path!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); "
+                          "pass token ids instead (e.g. --prompt_ids) or copy the tokenizer there")
+  from transformers import AutoTokenizer  # transformers import is slow; only pay it when needed
+  return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def encode_prompt(tokenizer, text: str, use_chat_template: bool) -> list[int]:
+  """Token ids of a prompt; wrapped as one user turn when asked and the tokenizer has a chat template."""
+  if use_chat_template and getattr(tokenizer, "chat_template", None):
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+  return list(tokenizer.encode(text, add_special_tokens=False))

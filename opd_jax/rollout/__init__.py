@@ -1,0 +1,1 @@
+"""Rollout engine: sampler, KV cache, precision recipes, snapshots, noise, memory accounting."""

@@ -1,0 +1,82 @@
+"""RolloutConfig: every mismatch knob of the rollout engine, composable, validated when read."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from flax import nnx
+
+from opd_jax.rollout import kv_cache, noise, precision
+from opd_jax.rollout.sampler import SamplingConfig
+
+NOISE_ORDERS = ("before_quant", "after_quant")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  weights: str = "none"  # shorthand recipe: none | bf16 | int8 | fp8 | fp8_e5m2 (see rollout.precision)
+  weight_rules: precision.Rules = ()  # explicit ordered (regex, precision) rules; override `weights`
+  kv_cache: str = "native"  # native | bf16 | int8 | fp8_e4m3 (see rollout.kv_cache)
+  staleness_steps: int = 0  # sampler uses learner version t - staleness_steps
+  noise_sigma: float = 0.0  # relative Gaussian weight noise per tensor (see rollout.noise)
+  noise_order: str = "before_quant"  # before_quant | after_quant
+  noise_seed: int = 0
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 64
+
+  def __post_init__(self):
+    object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules))
+    object.__setattr__(self, "kv_cache", kv_cache.check_kv_dtype(self.kv_cache))
+    if not isinstance(self.staleness_steps, int) or self.staleness_steps < 0:
+      raise ValueError(f"rollout.staleness_steps must be an integer >= 0, got {self.staleness_steps!r}")
+    if not self.noise_sigma >= 0:
+      raise ValueError(f"rollout.noise_sigma must be >= 0, got {self.noise_sigma!r}")
+    if self.noise_order not in NOISE_ORDERS:
+      raise ValueError(f"rollout.noise_order must be one of {NOISE_ORDERS}, got {self.noise_order!r}")
+    self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens
+
+  @classmethod
+  def from_config(cls, rollout) -> "RolloutConfig":
+    """From the `rollout` ConfigDict section (unknown fields are an error naming the field)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = dict(rollout)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise ValueError(f"config.rollout has unknown field(s) {unknown}; known: {sorted(fields)}")
+    values["weight_rules"] = tuple(tuple(r) for r in values.get("weight_rules", ()))
+    return cls(**values)
+
+  @property
+  def is_exact(self) -> bool:
+    """No knob changes the sampler's numbers (sampler == learner up to float reordering)."""
+    return (not self.weight_rules and self.kv_cache == "native" and self.staleness_steps == 0
+            and self.noise_sigma == 0)
+
+  def sampling(self, *, eos_ids: tuple[int, ...], pad_id: int, logits_top_k: int = 0) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                          top_p=self.top_p, eos_ids=tuple(eos_ids), pad_id=pad_id, kv_dtype=self.kv_cache,
+                          logits_top_k=logits_top_k)
+
+  def validate_for(self, state: nnx.State) -> None:
+    """Checks the weight rules against a model's parameter paths (before any compilation)."""
+    precision.validate_rules(self.weight_rules, state)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def build_sampler_state(learner_state: nnx.State, rollout: RolloutConfig, version: jax.Array) -> nnx.State:
+  """The sampler's copy of a learner version: noise and precision recipe in the configured order.
+
+  Noise for version v is drawn from fold_in(key(noise_seed), v), so it is fresh per version and reproducible.
+  """
+  key = jax.random.fold_in(jax.random.key(rollout.noise_seed), version)
+  state = learner_state
+  if rollout.noise_sigma > 0 and rollout.noise_order == "before_quant":
+    state = noise.add_relative_noise(state, rollout.noise_sigma, key)
+  state = precision.apply_recipe(state, rollout.weight_rules)
+  if rollout.noise_sigma > 0 and rollout.noise_order == "after_quant":
+    state = noise.add_relative_noise(state, rollout.noise_sigma, key)
+  return state

@@ -1,0 +1,79 @@
+"""Memory accounting for a rollout engine: weight bytes under a recipe, KV bytes per token, KV capacity.
+
+Weight bytes are computed from parameter shapes alone (an abstract model, no allocation), with the same rules
+`rollout.precision` applies: none -> the learner dtype's bytes, bf16 -> 2, int8/fp8 -> 1 per element plus a
+float32 scale per output channel (per row for the embedding). Tests check the arithmetic against the measured
+bytes of real quantized states. KV bytes per token come from `rollout.kv_cache.kv_bytes_per_token`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from flax import nnx
+
+from opd_jax.models.config import ModelConfig
+from opd_jax.models.decoder import Decoder
+from opd_jax.rollout import precision
+from opd_jax.rollout.kv_cache import kv_bytes_per_token
+
+SHAPES_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "model_shapes")
+
+
+def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """Dotted parameter path -> shape, without allocating the model."""
+  abstract = nnx.eval_shape(lambda: Decoder(config))
+  return {".".join(map(str, path)): tuple(v.get_value().shape)
+          for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+
+
+def weight_bytes(config: ModelConfig, rules: precision.Rules, native_bytes: int = 2) -> int:
+  """Bytes of the sampler's weights under `rules` when the learner stores `native_bytes` per element."""
+  total = 0
+  for path, shape in parameter_shapes(config).items():
+    size = 1
+    for dim in shape:
+      size *= dim
+    p = precision.precision_for(path, rules)
+    if p in ("int8", "fp8_e4m3", "fp8_e5m2") and len(shape) == 2:
+      channels = shape[0] if path.endswith("embedding") else shape[1]
+      total += size + 4 * channels
+    elif p == "bf16":
+      total += 2 * size
+    else:
+      total += native_bytes * size
+  return total
+
+
+def kv_token_bytes(config: ModelConfig, kv_dtype: str, native_bytes: int = 2) -> int:
+  return kv_bytes_per_token(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
+                            head_dim=config.head_dim, kv_dtype=kv_dtype, native_bytes=native_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+  weight_bytes: int
+  kv_bytes_per_token: int
+  kv_tokens: int  # tokens of KV cache that fit after weights and the reserve
+
+
+def kv_capacity(config: ModelConfig, rules: precision.Rules, kv_dtype: str, *, device_bytes: int,
+                reserve_fraction: float = 0.1, native_bytes: int = 2) -> Capacity:
+  """KV tokens that fit in `device_bytes` after the weights and a reserve of `reserve_fraction` of the
+  device (activations, workspace, fragmentation)."""
+  weights = weight_bytes(config, rules, native_bytes)
+  per_token = kv_token_bytes(config, kv_dtype, native_bytes)
+  free = device_bytes * (1 - reserve_fraction) - weights
+  return Capacity(weights, per_token, max(int(free // per_token), 0))
+
+
+def shipped_shapes() -> dict[str, ModelConfig]:
+  """Real model shapes shipped as config.json-like files (no weights): name -> ModelConfig."""
+  out = {}
+  for file in sorted(os.listdir(SHAPES_DIR)):
+    if file.endswith(".json"):
+      with open(os.path.join(SHAPES_DIR, file)) as f:
+        out[file[:-5]] = ModelConfig.from_hf_dict(json.load(f), source=file)
+  return out

@@ -1,0 +1,131 @@
+"""Weight precision recipes: ordered (regex -> precision) rules applied with AQT to the sampler's weights.
+
+A parameter's path is its dotted name in the model state, e.g. `layers.3.self_attn.q_proj.kernel`,
+`layers.0.mlp.down_proj.bias`, `embed_tokens.embedding`, `lm_head.kernel`, `norm.weight`. Rules are tried
+in order and the first whose regex matches (`re.search`) decides; unmatched parameters keep the learner's
+precision. Precisions:
+
+  none       learner precision, untouched
+  bf16       rounded to bfloat16 and stored as bfloat16
+  int8       AQT symmetric int8 (abs-max calibration), stored int8 + float32 scales
+  fp8_e4m3   AQT float8_e4m3fn, stored fp8 + float32 scales (max |q| = 448)
+  fp8_e5m2   AQT float8_e5m2, stored fp8 + float32 scales
+
+Granularity of int8/fp8 scales: one per output channel of every Linear kernel ([in, out] -> scales [1, out])
+and one per row (token) of the embedding table ([V, D] -> scales [V, 1]). int8/fp8 apply to matrices only;
+a vector (norm weight, bias) that such a rule matches keeps learner precision. The quantized tensors are
+`aqt.jax.v2.aqt_tensor.QTensor`s kept in the model state, so the memory saving is real (see `state_bytes`),
+and each Linear dequantizes its weight right before its matmul (weight-only quantization).
+
+Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `fp8` / `fp8_e5m2` (every decoder
+Linear kernel; embeddings, lm_head, norms and biases untouched, as in common int8/fp8 serving recipes).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+from aqt.jax.v2 import aqt_quantizer
+from aqt.jax.v2.aqt_tensor import QTensor
+from flax import nnx
+
+PRECISIONS = ("none", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
+_ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16"}
+_AQT_BITS = {"int8": 8, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
+_STORAGE = {"int8": jnp.int8, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
+_DECODER_LINEARS = r"^layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.kernel$"
+
+Rules = tuple[tuple[str, str], ...]
+
+
+def canonical_precision(name: str) -> str:
+  name = _ALIASES.get(name, name)
+  if name not in PRECISIONS:
+    raise ValueError(f"weight precision {name!r} is not one of {', '.join(PRECISIONS)} (or fp8)")
+  return name
+
+
+def recipe_rules(weights: str | None = "none", rules=()) -> Rules:
+  """Explicit `rules` ((regex, precision) pairs) win; otherwise the shorthand `weights` expands to rules."""
+  if rules:
+    out = []
+    for rule in rules:
+      if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and all(isinstance(x, str) for x in rule)):
+        raise ValueError(f"weight rule {rule!r} must be a (regex, precision) pair of strings")
+      try:
+        re.compile(rule[0])
+      except re.error as e:
+        raise ValueError(f"weight rule regex {rule[0]!r} is invalid: {e}") from None
+      out.append((rule[0], canonical_precision(rule[1])))
+    return tuple(out)
+  weights = canonical_precision(weights or "none")
+  if weights == "none":
+    return ()
+  if weights == "bf16":
+    return ((".*", "bf16"),)
+  return ((_DECODER_LINEARS, weights),)
+
+
+def param_paths(state: nnx.State) -> list[str]:
+  return [".".join(map(str, path)) for path, _ in nnx.to_flat_state(state)]
+
+
+def validate_rules(rules: Rules, state: nnx.State) -> None:
+  """Every rule must match at least one parameter path; the error lists a few real paths to help."""
+  paths = param_paths(state)
+  for regex, precision in rules:
+    if not any(re.search(regex, p) for p in paths):
+      examples = ", ".join(paths[:3] + paths[-2:])
+      raise ValueError(f"weight rule ({regex!r} -> {precision}) matches no parameter of this model; "
+                       f"paths look like: {examples}")
+
+
+def precision_for(path: str, rules: Rules) -> str:
+  for regex, precision in rules:
+    if re.search(regex, path):
+      return precision
+  return "none"
+
+
+def quantize_tensor(value: jax.Array, precision: str, path: str):
+  """One tensor under one precision: an array (none / bf16, or a vector) or an AQT QTensor."""
+  if precision == "none" or (precision in _AQT_BITS and value.ndim != 2):
+    return value
+  if precision == "bf16":
+    return value.astype(jnp.bfloat16)
+  # Scales per output channel: kernels [in, out] calibrate over axis 0, the embedding [V, D] over axis 1.
+  calibration_axes = [1] if path.endswith("embedding") else [0]
+  quantizer = aqt_quantizer.quantizer_make(_AQT_BITS[precision])
+  qtensor, _ = quantizer.quant(value.astype(jnp.float32), calibration_axes=calibration_axes)
+  qtensor = qtensor.qvalue_astype(_STORAGE[precision])
+  return qtensor.replace(dequant_dtype=value.dtype)
+
+
+def apply_recipe(state: nnx.State, rules: Rules) -> nnx.State:
+  """A copy of a model state with each parameter stored at the precision its rule names. Jittable."""
+  flat = []
+  for path, variable in nnx.to_flat_state(state):
+    name = ".".join(map(str, path))
+    value = variable.get_value()
+    if isinstance(variable, nnx.Param) and isinstance(value, jax.Array):
+      value = quantize_tensor(value, precision_for(name, rules), name)
+    flat.append((path, variable.replace(value)))
+  return nnx.from_flat_state(flat)
+
+
+def dequantized(state: nnx.State) -> nnx.State:
+  """Dense copy of a (possibly quantized) state in each tensor's original dtype."""
+  flat = []
+  for path, variable in nnx.to_flat_state(state):
+    value = variable.get_value()
+    if isinstance(value, QTensor):
+      value = value.dequant()
+    flat.append((path, variable.replace(value)))
+  return nnx.from_flat_state(flat)
+
+
+def state_bytes(state) -> int:
+  """Bytes actually held by a state's arrays (quantized values + scales count as stored)."""
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state) if hasattr(leaf, "dtype"))

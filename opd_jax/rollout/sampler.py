@@ -1,0 +1,169 @@
+"""Batched autoregressive sampler: one jitted prefill + an XLA while-loop decode over a preallocated KV cache.
+
+Legend: B batch, P prompt length (left-padded), N max new tokens, S = P + N cache slots, V vocab,
+K returned top logits.
+
+Prompts are left-padded (`prompt_valid_BxP` marks real tokens; every row needs at least one), so every row's
+last prompt token sits in column P-1 and decoding writes slot P + t for all rows at once. RoPE positions
+continue from each row's own prompt length.
+
+Returned log-probs are of the distribution each token was actually drawn from: log-softmax of
+logits / temperature after top-k and top-p filtering (renormalized over the kept tokens). With temperature 0
+(greedy) they are the plain log-softmax of the logits. The response mask is 1 for every generated token up
+to and including the first EOS; later slots hold `pad_id`, log-prob 0 and mask 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from opd_jax.rollout.kv_cache import KVCache, check_kv_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  max_new_tokens: int
+  temperature: float = 1.0  # 0 = greedy
+  top_k: int = 0  # keep the k most likely tokens; 0 = off
+  top_p: float = 1.0  # nucleus: keep the smallest set with probability >= top_p; 1 = off
+  eos_ids: tuple[int, ...] = ()  # any of these ends a row
+  pad_id: int = 0  # written after a row ends
+  kv_dtype: str = "native"  # see rollout.kv_cache
+  logits_top_k: int = 0  # also return the top-k raw (pre-temperature) logits per position; 0 = none
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0 or not 0 < self.top_p <= 1:
+      raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={self.top_k}, top_p={self.top_p}")
+    check_kv_dtype(self.kv_dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SampleOutput:
+  tokens_BxN: jax.Array  # int32 new tokens
+  mask_BxN: jax.Array  # float32, 1 for response tokens (through the first EOS)
+  logprobs_BxN: jax.Array  # float32, log-prob under the sampling distribution
+  top_logits_BxNxK: jax.Array | None = None  # raw logits of the K most likely tokens
+  top_ids_BxNxK: jax.Array | None = None
+
+
+def _filter_logits(logits_BxV: jax.Array, config: SamplingConfig) -> jax.Array:
+  """logits / temperature with tokens outside top-k / top-p set to -inf."""
+  scaled_BxV = logits_BxV / config.temperature
+  if config.top_k and config.top_k < scaled_BxV.shape[-1]:
+    kth_Bx1 = jax.lax.top_k(scaled_BxV, config.top_k)[0][:, -1:]
+    scaled_BxV = jnp.where(scaled_BxV < kth_Bx1, -jnp.inf, scaled_BxV)
+  if config.top_p < 1.0:
+    sorted_BxV = jnp.sort(scaled_BxV, axis=-1)[:, ::-1]
+    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+    mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+    kept_BxV = mass_before_BxV < config.top_p  # the first token is always kept
+    threshold_Bx1 = jnp.min(jnp.where(kept_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
+    scaled_BxV = jnp.where(scaled_BxV < threshold_Bx1, -jnp.inf, scaled_BxV)
+  return scaled_BxV
+
+
+def choose_tokens(logits_BxV: jax.Array, key: jax.Array, config: SamplingConfig):
+  """(token_B, logprob_B) drawn from the configured distribution."""
+  if config.temperature == 0:
+    token_B = jnp.argmax(logits_BxV, axis=-1)
+    logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+  else:
+    filtered_BxV = _filter_logits(logits_BxV, config)
+    token_B = jax.random.categorical(key, filtered_BxV, axis=-1)
+    logp_BxV = jax.nn.log_softmax(filtered_BxV, axis=-1)
+  logp_B = jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
+  return token_B.astype(jnp.int32), logp_B
+
+
+def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
+  model = nnx.merge(graphdef, state)
+  mc = model.config
+  B, P = prompt_BxP.shape
+  N = config.max_new_tokens
+  prompt_valid_BxP = prompt_valid_BxP.astype(bool)
+  cache = KVCache.init(batch=B, slots=P + N, num_layers=mc.num_hidden_layers,
+                       num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+                       compute_dtype=model.dtype, kv_dtype=config.kv_dtype)
+  positions_BxP = jnp.maximum(jnp.cumsum(prompt_valid_BxP, axis=1) - 1, 0)
+  logits_BxPxV, cache = model(prompt_BxP, positions_BxP, prompt_valid_BxP, cache=cache, cache_index=0)
+  prompt_len_B = jnp.sum(prompt_valid_BxP, axis=1)
+  eos_E = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
+  K = min(config.logits_top_k, logits_BxPxV.shape[-1])
+
+  def emit(t, logits_BxV, key, buffers, done_B):
+    tokens, logps, mask, top_vals, top_ids = buffers
+    token_B, logp_B = choose_tokens(logits_BxV, key, config)
+    token_B = jnp.where(done_B, config.pad_id, token_B)
+    tokens = tokens.at[:, t].set(token_B)
+    logps = logps.at[:, t].set(jnp.where(done_B, 0.0, logp_B))
+    mask = mask.at[:, t].set(jnp.where(done_B, 0.0, 1.0))
+    if K:
+      vals_BxK, ids_BxK = jax.lax.top_k(logits_BxV, K)
+      top_vals, top_ids = top_vals.at[:, t].set(vals_BxK), top_ids.at[:, t].set(ids_BxK)
+    done_B = done_B | jnp.isin(token_B, eos_E)
+    return (tokens, logps, mask, top_vals, top_ids), done_B
+
+  buffers = (jnp.full((B, N), config.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
+             jnp.zeros((B, N), jnp.float32),
+             jnp.zeros((B, N, K), jnp.float32) if K else None, jnp.zeros((B, N, K), jnp.int32) if K else None)
+  key, first_key = jax.random.split(key)
+  buffers, done_B = emit(0, logits_BxPxV[:, -1], first_key, buffers, jnp.zeros((B,), bool))
+
+  def cond(carry):
+    t, _, _, _, done_B = carry
+    return (t < N) & ~jnp.all(done_B)
+
+  def body(carry):
+    t, cache, key, buffers, done_B = carry
+    fed_B = buffers[0][:, t - 1]
+    fed_valid_B = buffers[2][:, t - 1] > 0
+    positions_Bx1 = (prompt_len_B + t - 1)[:, None]
+    logits_Bx1xV, cache = model(fed_B[:, None], positions_Bx1, fed_valid_B[:, None], cache=cache,
+                                cache_index=P + t - 1)
+    key, step_key = jax.random.split(key)
+    buffers, done_B = emit(t, logits_Bx1xV[:, 0], step_key, buffers, done_B)
+    return t + 1, cache, key, buffers, done_B
+
+  _, _, _, buffers, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, key, buffers, done_B))
+  tokens, logps, mask, top_vals, top_ids = buffers
+  return SampleOutput(tokens, mask, logps, top_vals, top_ids)
+
+
+class Sampler:
+  """Jit-compiled generation for one model architecture; call with any parameter state of that graph.
+
+  `Sampler(graphdef, config)(state, prompt_BxP, prompt_valid_BxP, key)` -> SampleOutput. The state may
+  hold quantized weights (see rollout.precision); shardings follow the inputs.
+  """
+
+  def __init__(self, graphdef, config: SamplingConfig):
+    self.graphdef, self.config = graphdef, config
+    self._fn = jax.jit(functools.partial(_generate, graphdef, config))
+
+  def __call__(self, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
+    return self._fn(state, prompt_BxP, prompt_valid_BxP, key)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, length: int | None = None):
+  """Token-id lists -> (tokens_BxP int32, valid_BxP bool) numpy arrays, left-padded to `length`."""
+  import numpy as np
+  longest = max(len(p) for p in prompts)
+  length = longest if length is None else length
+  if longest > length or min(len(p) for p in prompts) == 0:
+    raise ValueError(f"prompts must have 1..{length} tokens; got lengths {min(map(len, prompts))}..{longest}")
+  tokens = np.full((len(prompts), length), pad_id, np.int32)
+  valid = np.zeros((len(prompts), length), bool)
+  for i, p in enumerate(prompts):
+    tokens[i, length - len(p):] = p
+    valid[i, length - len(p):] = True
+  return tokens, valid

@@ -1,0 +1,79 @@
+"""Supervised fine-tuning on reference solutions (used to build the embedded teacher-student pairs).
+
+Legend: B batch, P prompt length, R response length, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from opd_jax.data.batching import encode_prompts, encode_solutions
+from opd_jax.data.task import ArithmeticTask
+from opd_jax.objectives.logprobs import response_logits, token_logprobs
+from opd_jax.train.optimizer import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  steps: int
+  batch_size: int = 64
+  learning_rate: float = 3e-3
+  warmup_steps: int = 100
+  weight_decay: float = 0.01
+  grad_clip_norm: float = 1.0
+  seed: int = 0  # data order
+  max_prompt_tokens: int = 24
+  max_response_tokens: int = 66
+
+
+def sft_loss(params, graphdef, rest, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR):
+  model = nnx.merge(graphdef, params, rest)
+  logits_BxRxV = response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR)
+  logp_BxR = token_logprobs(logits_BxRxV, response_BxR)
+  return -jnp.sum(logp_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0)
+
+
+def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
+              log: Callable[[int, float, float], None] | None = None,
+              evaluate: Callable[[int, nnx.State], None] | None = None, eval_every: int = 0):
+  """Trains `model` in place on task solutions; returns it.
+
+  log(step, mean loss, seconds per step) every 100 steps; evaluate(step, full model state) every
+  `eval_every` steps when given.
+  """
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  optimizer = make_optimizer(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
+                             total_steps=config.steps, weight_decay=config.weight_decay,
+                             grad_clip_norm=config.grad_clip_norm)
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, rest, *batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  problems = task.problems("train", config.steps * config.batch_size, config.seed)
+  t0, losses = time.time(), []
+  for i in range(config.steps):
+    chunk = problems[i * config.batch_size:(i + 1) * config.batch_size]
+    batch = (*encode_prompts(tokenizer, chunk, config.max_prompt_tokens),
+             *encode_solutions(tokenizer, chunk, config.max_response_tokens))
+    params, opt_state, loss = step(params, opt_state, batch)
+    losses.append(loss)
+    if log is not None and ((i + 1) % 100 == 0 or i + 1 == config.steps):
+      log(i + 1, float(np.mean(jax.device_get(losses))), (time.time() - t0) / (i + 1))
+      losses = []
+    if evaluate is not None and eval_every and (i + 1) % eval_every == 0:
+      nnx.update(model, params)
+      evaluate(i + 1, nnx.state(model))
+  nnx.update(model, params)
+  return model

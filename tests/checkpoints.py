@@ -1,0 +1,46 @@
+"""Tiny randomly initialized HF checkpoints (made with transformers + torch, never downloaded)."""
+
+from __future__ import annotations
+
+FAMILIES = ("qwen3", "llama", "qwen2")
+VOCAB = 61
+
+
+def hf_config(family: str, **overrides):
+  import transformers
+  common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=256, eos_token_id=2, pad_token_id=0,
+                bos_token_id=1)
+  if family == "qwen3":  # GQA 4:2, QK-norm, tied embeddings, explicit head_dim != hidden/heads
+    kw = dict(common, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    kw.update(overrides)
+    return transformers.Qwen3Config(**kw)
+  if family == "llama":  # GQA 4:1, llama3 rope scaling, untied, rope_theta 500k
+    kw = dict(common, num_key_value_heads=1, tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
+              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    kw.update(overrides)
+    return transformers.LlamaConfig(**kw)
+  if family == "qwen2":  # q/k/v bias, untied
+    kw = dict(common, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=1000000.0)
+    kw.update(overrides)
+    return transformers.Qwen2Config(**kw)
+  raise ValueError(family)
+
+
+def make_tiny_checkpoint(path: str, family: str, seed: int = 0, noise: float = 0.2, **overrides) -> str:
+  """Saves a float32 random model (weights perturbed so norms and biases are not trivial) to `path`."""
+  import torch
+  import transformers
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(hf_config(family, **overrides)).float().eval()
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(torch.randn_like(p) * noise)
+  model.save_pretrained(path)
+  return path
+
+
+def load_torch(path: str):
+  import transformers
+  return transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()

@@ -1,0 +1,97 @@
+"""Embedded task generator, grader, JSONL problem sets and the character tokenizer."""
+
+import json
+
+import numpy as np
+import pytest
+
+from opd_jax.data import ArithmeticTask, extract_answer, get_problems, gold_answer, is_correct, load_jsonl
+from opd_jax.data.batching import decode_responses, encode_prompts, encode_solutions
+from opd_jax.data.char_tokenizer import build_char_tokenizer, vocab_size
+from opd_jax.models import load_tokenizer
+
+
+def test_task_is_deterministic_and_splits_are_disjoint():
+  task = ArithmeticTask()
+  train = task.problems("train", 3000, seed=0)
+  assert [p.prompt for p in train[:50]] == [p.prompt for p in task.problems("train", 50, seed=0)]
+  assert [p.prompt for p in train[:50]] != [p.prompt for p in task.problems("train", 50, seed=1)]
+  heldout = task.problems("heldout", 500, seed=0)
+  assert not {p.prompt for p in train} & {p.prompt for p in heldout}
+  assert all(task.is_heldout(p.prompt) for p in heldout)
+
+
+def test_task_solutions_are_correct_and_sized():
+  task = ArithmeticTask()
+  for p in task.problems("train", 2000, seed=3):
+    assert is_correct(p.solution, p.answer)
+    expression = p.prompt.strip()
+    assert eval(expression) == int(p.answer)  # the chain evaluates left to right, as written
+    lines = p.solution.split("\n")
+    assert len(lines) == expression.count("+") + expression.count("-") + 1
+    assert 16 <= len(p.solution) + 1 <= 64  # + EOS
+    for line in lines[:-1]:
+      lhs, rhs = line.split("=")
+      assert eval(lhs) == int(rhs) >= 0
+  assert task.max_response_chars() >= 64
+
+
+def test_task_rejects_bad_settings():
+  with pytest.raises(ValueError, match="min_terms"):
+    ArithmeticTask(min_terms=1)
+  with pytest.raises(ValueError, match="digits"):
+    ArithmeticTask(max_digits=5)
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("47+38=85\n#### 85", "85"),
+    ("so the total is \\boxed{1,234}.", "1,234"),
+    ("#### 3\nwait, recheck\n#### 4", "4"),
+    ("\\boxed{\\frac{1}{2}} then #### 7", "7"),
+    ("#### 7 then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("no answer here 42", None),
+])
+def test_extract_answer(text, answer):
+  assert extract_answer(text) == answer
+
+
+def test_grader_normalizes_numbers():
+  assert is_correct("#### 1,234", "1234")
+  assert is_correct("#### $1234.00", "Some working\n#### 1234")
+  assert is_correct("\\boxed{72}", "72")
+  assert not is_correct("#### 71", "72")
+  assert not is_correct("72", "72")  # no answer line: no credit
+  assert gold_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == "72"
+  assert not is_correct("#### inf", "72") and not is_correct("#### nan", "72")
+
+
+def test_jsonl_problem_sets(tmp_path):
+  path = tmp_path / "gsm.jsonl"
+  rows = [{"prompt": "What is 2+2?", "answer": "Two and two.\n#### 4"}, {"prompt": "1+1?", "answer": 2}]
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  problems = load_jsonl(str(path))
+  assert [p.answer for p in problems] == ["Two and two.\n#### 4", "2"]
+  assert is_correct("#### 4", problems[0].answer)
+  assert get_problems("jsonl", "heldout", 1, 0, heldout_file=str(path))[0].prompt == "What is 2+2?"
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "x", "answer": "1"}\n{"question": "y"}\n')
+  with pytest.raises(ValueError, match="bad.jsonl:2: each line needs"):
+    load_jsonl(str(bad))
+  with pytest.raises(ValueError, match="does not exist"):
+    load_jsonl(str(tmp_path / "missing.jsonl"))
+  with pytest.raises(ValueError, match="data.train_file"):
+    get_problems("jsonl", "train", 1, 0)
+
+
+def test_char_tokenizer_round_trips(tmp_path):
+  build_char_tokenizer(str(tmp_path))
+  tokenizer = load_tokenizer(str(tmp_path))
+  assert len(tokenizer) == vocab_size() and tokenizer.eos_token_id == 1 and tokenizer.pad_token_id == 0
+  problems = ArithmeticTask().problems("train", 8, seed=0)
+  prompts, valid = encode_prompts(tokenizer, problems, 24)
+  assert prompts.shape == (8, 24) and valid[:, -1].all() and not valid[:, 0].any()
+  responses, mask = encode_solutions(tokenizer, problems, 66)
+  texts = decode_responses(tokenizer, responses, mask)
+  assert texts == [p.solution for p in problems]  # EOS and padding dropped
+  assert all(tokenizer.decode(list(row[v])) == p.prompt for row, v, p in zip(prompts, valid, problems))
+  assert np.all(mask.sum(1) == [len(p.solution) + 1 for p in problems])

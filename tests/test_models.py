@@ -1,0 +1,179 @@
+"""Decoder parity with transformers (one tiny random checkpoint per family), export, and bad inputs."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from opd_jax.models import CheckpointError, load_pretrained, read_hf_config, save_pretrained
+from opd_jax.models.hf_io import hf_name
+from tests import checkpoints
+
+FAMILIES = checkpoints.FAMILIES
+
+
+def _torch_logits(model, tokens, mask=None, positions=None):
+  kwargs = {}
+  if mask is not None:
+    kwargs["attention_mask"] = torch.tensor(mask, dtype=torch.long)
+  if positions is not None:
+    kwargs["position_ids"] = torch.tensor(positions, dtype=torch.long)
+  with torch.no_grad():
+    return model(torch.tensor(tokens), **kwargs).logits.numpy()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers(tiny_checkpoints, family):
+  path = tiny_checkpoints[family]
+  tokens = np.random.RandomState(1).randint(0, checkpoints.VOCAB, (3, 19))
+  ours = np.asarray(load_pretrained(path)(jnp.asarray(tokens)))
+  ref = _torch_logits(checkpoints.load_torch(path), tokens)
+  assert ours.shape == ref.shape == (3, 19, checkpoints.VOCAB)
+  assert np.abs(ours - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padded_logits_match_transformers(tiny_checkpoints, family):
+  path = tiny_checkpoints[family]
+  tokens = np.random.RandomState(2).randint(3, checkpoints.VOCAB, (2, 12))
+  valid = np.ones((2, 12), bool)
+  valid[0, :5] = False  # row 0 is left-padded by 5
+  positions = np.maximum(np.cumsum(valid, 1) - 1, 0)
+  ours = np.asarray(load_pretrained(path)(jnp.asarray(tokens), valid_BxT=jnp.asarray(valid)))
+  ref = _torch_logits(checkpoints.load_torch(path), tokens, valid.astype(int), positions)
+  assert np.abs(ours - ref)[valid].max() <= 1e-4
+  # Padding must not leak: row 0's real tokens alone give the same logits.
+  alone = np.asarray(load_pretrained(path)(jnp.asarray(tokens[:1, 5:])))
+  np.testing.assert_allclose(ours[0, 5:], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_round_trips_through_transformers(tiny_checkpoints, family, tmp_path):
+  model = load_pretrained(tiny_checkpoints[family])
+  save_pretrained(model, str(tmp_path / "out"))
+  tokens = np.random.RandomState(3).randint(0, checkpoints.VOCAB, (2, 9))
+  reloaded = checkpoints.load_torch(str(tmp_path / "out"))
+  assert type(reloaded).__name__ == type(checkpoints.load_torch(tiny_checkpoints[family])).__name__
+  np.testing.assert_allclose(_torch_logits(reloaded, tokens), np.asarray(model(jnp.asarray(tokens))), atol=1e-4)
+
+
+def test_sharded_export_and_load(tiny_checkpoints, tmp_path):
+  model = load_pretrained(tiny_checkpoints["llama"])
+  out = str(tmp_path / "sharded")
+  save_pretrained(model, out, max_shard_bytes=40_000)
+  files = sorted(os.listdir(out))
+  assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 2
+  tokens = np.random.RandomState(4).randint(0, checkpoints.VOCAB, (2, 7))
+  np.testing.assert_allclose(np.asarray(load_pretrained(out)(jnp.asarray(tokens))),
+                             np.asarray(model(jnp.asarray(tokens))), atol=1e-6)
+  np.testing.assert_allclose(_torch_logits(checkpoints.load_torch(out), tokens),
+                             np.asarray(model(jnp.asarray(tokens))), atol=1e-4)
+
+
+def test_bfloat16_parameters(tiny_checkpoints):
+  path = tiny_checkpoints["qwen3"]
+  model = load_pretrained(path, dtype=jnp.bfloat16)
+  assert model.layers[0].self_attn.q_proj.kernel.get_value().dtype == jnp.bfloat16
+  tokens = jnp.asarray(np.random.RandomState(5).randint(0, checkpoints.VOCAB, (2, 8)))
+  logits = model(tokens)
+  assert logits.dtype == jnp.float32
+  reference = load_pretrained(path)(tokens)
+  assert 0 < float(jnp.abs(logits - reference).max()) < 0.5
+
+
+def test_config_reads_both_rope_spellings():
+  base = checkpoints.hf_config("qwen2").to_dict()
+  legacy = {k: v for k, v in base.items() if k != "rope_parameters"}
+  legacy["rope_theta"] = 12345.0
+  from opd_jax.models import ModelConfig
+  assert ModelConfig.from_hf_dict(legacy).rope_theta == 12345.0
+  assert ModelConfig.from_hf_dict(base).rope_theta == 1000000.0
+  llama = ModelConfig.from_hf_dict(checkpoints.hf_config("llama").to_dict())
+  assert dict(llama.rope_scaling)["factor"] == 8.0 and llama.num_key_value_heads == 1
+
+
+def test_param_names_map_to_hf():
+  assert hf_name(("layers", 3, "self_attn", "q_proj", "kernel")) == ("model.layers.3.self_attn.q_proj.weight", True)
+  assert hf_name(("embed_tokens", "embedding")) == ("model.embed_tokens.weight", False)
+  assert hf_name(("lm_head", "kernel")) == ("lm_head.weight", True)
+  assert hf_name(("layers", 0, "self_attn", "q_norm", "weight")) == ("model.layers.0.self_attn.q_norm.weight", False)
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+def _copy(src, tmp_path):
+  dst = str(tmp_path / "ckpt")
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _edit_config(path, **changes):
+  with open(os.path.join(path, "config.json")) as f:
+    config = json.load(f)
+  config.update(changes)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+
+
+def test_missing_directory(tmp_path):
+  with pytest.raises(CheckpointError, match="does not exist"):
+    load_pretrained(str(tmp_path / "nope"))
+
+
+def test_missing_config(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["qwen3"], tmp_path)
+  os.remove(os.path.join(path, "config.json"))
+  with pytest.raises(CheckpointError, match="no config.json"):
+    load_pretrained(path)
+
+
+def test_unsupported_model_type(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["qwen3"], tmp_path)
+  _edit_config(path, model_type="gpt2")
+  with pytest.raises(CheckpointError, match="unsupported model_type 'gpt2'"):
+    load_pretrained(path)
+
+
+def test_missing_tensor_is_named(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["qwen2"], tmp_path)
+  _edit_config(path, num_hidden_layers=3)  # config wants a layer the weights lack
+  with pytest.raises(CheckpointError, match=r"tensor 'model\.layers\.2\..*' is missing"):
+    load_pretrained(path)
+
+
+def test_misshaped_tensor_is_named(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["llama"], tmp_path)
+  _edit_config(path, intermediate_size=64)
+  with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.(gate|up|down)_proj\.weight' has shape"):
+    load_pretrained(path)
+
+
+def test_unexpected_tensors_are_an_error(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["llama"], tmp_path)
+  _edit_config(path, num_hidden_layers=1)
+  with pytest.raises(CheckpointError, match=r"does not describe: model\.layers\.1\."):
+    load_pretrained(path)
+
+
+def test_unsupported_dtype(tiny_checkpoints):
+  with pytest.raises(CheckpointError, match="dtype 'float16' is not supported"):
+    load_pretrained(tiny_checkpoints["qwen3"], dtype=jnp.float16)
+
+
+def test_no_safetensors(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["qwen3"], tmp_path)
+  os.remove(os.path.join(path, "model.safetensors"))
+  with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+    load_pretrained(path)
+
+
+def test_eos_from_generation_config(tiny_checkpoints, tmp_path):
+  path = _copy(tiny_checkpoints["qwen3"], tmp_path)
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [2, 7]}, f)
+  assert read_hf_config(path).eos_token_id == (2, 7)

@@ -1,0 +1,186 @@
+"""Mismatch knobs: AQT weight recipes, quantized KV cache, weight noise, lagged snapshots, memory accounting."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from aqt.jax.v2.aqt_tensor import QTensor
+from flax import nnx
+
+from opd_jax.models import load_pretrained
+from opd_jax.rollout import kv_cache, memory, precision
+from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+from opd_jax.rollout.noise import add_relative_noise
+from opd_jax.rollout.sampler import Sampler, left_pad
+from opd_jax.rollout.snapshots import SnapshotStore
+from opd_jax.objectives.logprobs import response_logits, token_logprobs
+from tests import checkpoints
+
+EOS, PAD = 2, 0
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [20, 21, 22]]
+
+
+def _mismatch(path, rollout: RolloutConfig, key=0):
+  """Mean |sampler logp - learner logp| over sampled tokens, with the learner's fresh float32 weights."""
+  model = load_pretrained(path)
+  graphdef, state = nnx.split(model)
+  sampler_state = build_sampler_state(state, rollout, jnp.int32(0))
+  tokens, valid = left_pad(PROMPTS, PAD)
+  sampler = Sampler(graphdef, rollout.sampling(eos_ids=(EOS,), pad_id=PAD))
+  out = sampler(sampler_state, tokens, valid, jax.random.key(key))
+  learner = token_logprobs(response_logits(model, tokens, valid, out.tokens_BxN, out.mask_BxN), out.tokens_BxN)
+  return float(jnp.sum(jnp.abs(learner - out.logprobs_BxN) * out.mask_BxN) / jnp.sum(out.mask_BxN))
+
+
+def test_no_knobs_is_zero_mismatch(tiny_checkpoints):
+  assert RolloutConfig().is_exact
+  assert _mismatch(tiny_checkpoints["qwen3"], RolloutConfig(max_new_tokens=12)) < 1e-5
+
+
+@pytest.mark.parametrize("knob", [dict(weights="int8"), dict(weights="fp8"), dict(weights="fp8_e5m2"),
+                                  dict(weights="bf16"), dict(kv_cache="int8"), dict(kv_cache="fp8"),
+                                  dict(kv_cache="bf16")])
+def test_each_precision_knob_is_small_and_nonzero(tiny_checkpoints, knob):
+  error = _mismatch(tiny_checkpoints["llama"], RolloutConfig(max_new_tokens=12, **knob))
+  assert 1e-6 < error < 0.5, (knob, error)  # e5m2 (2 mantissa bits) is the coarsest, ~0.2 here
+
+
+def test_fp8_is_coarser_than_int8(tiny_checkpoints):
+  path = tiny_checkpoints["qwen2"]
+  assert _mismatch(path, RolloutConfig(max_new_tokens=12, weights="fp8")) > _mismatch(
+      path, RolloutConfig(max_new_tokens=12, weights="int8"))
+
+
+def test_mismatch_grows_with_noise_sigma(tiny_checkpoints):
+  errors = [_mismatch(tiny_checkpoints["qwen3"], RolloutConfig(max_new_tokens=12, noise_sigma=s))
+            for s in (0.0, 0.01, 0.03, 0.1)]
+  assert errors[0] < 1e-5 and errors == sorted(errors) and errors[1] > 1e-4, errors
+
+
+def test_noise_has_exact_relative_norm_and_is_reproducible(tiny_checkpoints):
+  state = nnx.state(load_pretrained(tiny_checkpoints["qwen2"]))
+  noisy = add_relative_noise(state, 0.05, jax.random.key(7))
+  again = add_relative_noise(state, 0.05, jax.random.key(7))
+  for (path, a), (_, b), (_, c) in zip(nnx.to_flat_state(state), nnx.to_flat_state(noisy),
+                                       nnx.to_flat_state(again)):
+    a, b = a.get_value(), b.get_value()
+    ratio = float(jnp.linalg.norm(b - a) / jnp.linalg.norm(a))
+    assert abs(ratio - 0.05) < 1e-4, path
+    np.testing.assert_array_equal(b, c.get_value())
+
+
+def test_recipe_stores_quantized_values_and_saves_bytes(tiny_checkpoints):
+  model = load_pretrained(tiny_checkpoints["llama"])
+  state = nnx.state(model)
+  rules = precision.recipe_rules("int8")
+  quantized = precision.apply_recipe(state, rules)
+  kernel = quantized["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
+  assert isinstance(kernel, QTensor) and kernel.qvalue.dtype == jnp.int8 and kernel.scale[0].shape == (1, 80)
+  assert not isinstance(quantized["embed_tokens"]["embedding"].get_value(), QTensor)  # shorthand skips it
+  # The analytic accounting equals the bytes actually held (learner float32 -> native 4 bytes).
+  assert precision.state_bytes(nnx.state(model, nnx.Param)) == memory.weight_bytes(model.config, (), 4)
+  assert precision.state_bytes(quantized) == memory.weight_bytes(model.config, rules, 4)
+  everything = (("embed_tokens", "fp8"), ("lm_head", "int8"), (".*", "bf16"))
+  full = precision.apply_recipe(state, precision.recipe_rules(rules=everything))
+  assert precision.state_bytes(full) == memory.weight_bytes(model.config, precision.recipe_rules(rules=everything), 4)
+  assert precision.state_bytes(full) < precision.state_bytes(state) / 2  # float32 -> bf16 / 8-bit
+
+
+def test_per_layer_rules_first_match_wins(tiny_checkpoints):
+  state = nnx.state(load_pretrained(tiny_checkpoints["qwen3"]))
+  rules = precision.recipe_rules(rules=[(r"layers\.0\.", "bf16"), (r"mlp", "fp8")])
+  out = precision.apply_recipe(state, rules)
+  assert out["layers"][0]["mlp"]["up_proj"]["kernel"].get_value().dtype == jnp.bfloat16
+  assert isinstance(out["layers"][1]["mlp"]["up_proj"]["kernel"].get_value(), QTensor)
+  assert out["layers"][1]["self_attn"]["q_proj"]["kernel"].get_value().dtype == jnp.float32
+
+
+def test_quantized_embedding_lookup_matches_dense(tiny_checkpoints):
+  model = load_pretrained(tiny_checkpoints["qwen3"])  # tied: the table is also the output head
+  graphdef, state = nnx.split(model)
+  rules = precision.recipe_rules(rules=[("embed_tokens", "int8")])
+  quantized = precision.apply_recipe(state, rules)
+  tokens = jnp.asarray([[1, 5, 9, 33]])
+  a = nnx.merge(graphdef, quantized)(tokens)
+  b = nnx.merge(graphdef, precision.dequantized(quantized))(tokens)
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  assert float(jnp.abs(a - model(tokens)).max()) > 0
+
+
+def test_kv_quantization_error_is_bounded():
+  x = jax.random.normal(jax.random.key(0), (2, 5, 3, 16)) * 3
+  for dtype, bound in (("int8", 0.5 / 127), ("fp8_e4m3", 0.07), ("bf16", 2 ** -8)):
+    err = jnp.abs(kv_cache.quantize_dequantize(x, dtype) - x) / jnp.max(jnp.abs(x), -1, keepdims=True)
+    assert 0 < float(err.max()) <= bound, dtype
+  np.testing.assert_array_equal(kv_cache.quantize_dequantize(x, "native"), x)
+  with pytest.raises(ValueError, match="kv cache dtype 'int4'"):
+    kv_cache.check_kv_dtype("int4")
+
+
+def test_snapshot_store_lags_and_clamps():
+  store = SnapshotStore(capacity=3)
+  for version in range(5):
+    store.push(version, {"w": jnp.full((2,), float(version))})
+  assert store.versions() == [2, 3, 4]
+  assert store.get(0)[0] == 4 and store.get(1)[0] == 3 and store.get(7)[0] == 2
+  assert float(store.get(1)[1]["w"][0]) == 3.0
+  with pytest.raises(ValueError, match="not newer"):
+    store.push(4, {})
+  restored = SnapshotStore(capacity=3)
+  restored.load_state_dict(store.state_dict())
+  assert restored.get(2)[0] == 2
+
+
+def test_staleness_changes_sampler_exactly_when_params_differ(tiny_checkpoints):
+  model = load_pretrained(tiny_checkpoints["qwen3"])
+  graphdef, state = nnx.split(model)
+  store = SnapshotStore(capacity=2)
+  store.push(0, state)
+  store.push(1, state)  # an update that did not change the parameters
+  rollout = RolloutConfig(max_new_tokens=8, staleness_steps=1)
+  tokens, valid = left_pad(PROMPTS, PAD)
+  sampler = Sampler(graphdef, rollout.sampling(eos_ids=(EOS,), pad_id=PAD))
+  run = lambda s: sampler(build_sampler_state(s, rollout, jnp.int32(0)), tokens, valid, jax.random.key(1))
+  np.testing.assert_array_equal(run(store.get(1)[1]).logprobs_BxN, run(store.get(0)[1]).logprobs_BxN)
+  changed = jax.tree.map(lambda x: x * 1.01 if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+  store.push(2, changed)
+  assert not np.array_equal(run(store.get(0)[1]).logprobs_BxN, run(store.get(1)[1]).logprobs_BxN)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(weights="int4"), "weight precision 'int4'"),
+    (dict(kv_cache="fp16"), "kv cache dtype 'fp16'"),
+    (dict(staleness_steps=-1), "staleness_steps"),
+    (dict(noise_sigma=-0.1), "noise_sigma"),
+    (dict(noise_order="during"), "noise_order"),
+    (dict(weight_rules=(("[", "int8"),)), "regex"),
+    (dict(temperature=-1.0), "temperature"),
+])
+def test_invalid_knobs_fail_when_read(bad, match):
+  with pytest.raises(ValueError, match=match):
+    RolloutConfig(**bad)
+
+
+def test_rule_matching_nothing_is_an_error(tiny_checkpoints):
+  state = nnx.state(load_pretrained(tiny_checkpoints["qwen3"]))
+  with pytest.raises(ValueError, match=r"matches no parameter.*paths look like"):
+    RolloutConfig(weight_rules=((r"layers\.7\.", "int8"),)).validate_for(state)
+  RolloutConfig(weight_rules=((r"layers\.1\.", "int8"),)).validate_for(state)
+
+
+def test_unknown_rollout_field_is_named():
+  import ml_collections
+  with pytest.raises(ValueError, match="unknown field.*'stalenes'"):
+    RolloutConfig.from_config(ml_collections.ConfigDict({"stalenes": 2}))
+
+
+def test_fp8_recipe_capacity_for_real_shapes():
+  shapes = memory.shipped_shapes()
+  assert set(shapes) == {"Qwen3-8B", "Qwen3-1.7B", "Llama-3.1-8B"}
+  qwen = shapes["Qwen3-8B"]
+  assert abs(qwen.num_params() - 8.19e9) < 0.01e9
+  assert sum(np.prod(s) for s in memory.parameter_shapes(qwen).values()) == qwen.num_params()
+  base = memory.kv_capacity(qwen, (), "bf16", device_bytes=80 * 10 ** 9)
+  fp8 = memory.kv_capacity(qwen, precision.recipe_rules("fp8"), "fp8_e4m3", device_bytes=80 * 10 ** 9)
+  assert base.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
+  assert fp8.kv_tokens / base.kv_tokens >= 1.93

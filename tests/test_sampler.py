@@ -1,0 +1,113 @@
+"""Sampler: greedy parity with transformers' generate, log-prob parity with the learner, filtering, sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from opd_jax.models import load_pretrained
+from opd_jax.objectives.logprobs import response_logits, token_logprobs
+from opd_jax.rollout.sampler import Sampler, SamplingConfig, choose_tokens, left_pad
+from tests import checkpoints
+
+EOS, PAD = 2, 0
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+
+
+def _sample(path, config, key=0, prompts=PROMPTS):
+  model = load_pretrained(path)
+  graphdef, state = nnx.split(model)
+  tokens, valid = left_pad(prompts, PAD)
+  return model, tokens, valid, Sampler(graphdef, config)(state, tokens, valid, jax.random.key(key))
+
+
+@pytest.mark.parametrize("family", checkpoints.FAMILIES)
+def test_greedy_matches_transformers_generate(tiny_checkpoints, family):
+  path = tiny_checkpoints[family]
+  _, _, _, out = _sample(path, SamplingConfig(max_new_tokens=16, temperature=0.0, eos_ids=(EOS,), pad_id=PAD))
+  torch_model = checkpoints.load_torch(path)
+  for row, prompt in enumerate(PROMPTS):
+    with torch.no_grad():
+      ref = torch_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=EOS,
+                                 pad_token_id=PAD)[0, len(prompt):].tolist()
+    n = int(out.mask_BxN[row].sum())
+    assert np.asarray(out.tokens_BxN[row, :n]).tolist() == ref
+
+
+@pytest.mark.parametrize("family", checkpoints.FAMILIES)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_equal_learner_recomputation(tiny_checkpoints, family, temperature):
+  config = SamplingConfig(max_new_tokens=12, temperature=temperature, eos_ids=(EOS,), pad_id=PAD)
+  model, tokens, valid, out = _sample(tiny_checkpoints[family], config, key=3)
+  logits = response_logits(model, tokens, valid, out.tokens_BxN, out.mask_BxN)
+  learner = token_logprobs(logits, out.tokens_BxN, temperature)
+  assert np.abs(np.asarray((learner - out.logprobs_BxN) * out.mask_BxN)).max() <= 1e-4
+  assert float(out.mask_BxN.sum()) > 0
+
+
+def test_sampling_is_deterministic_per_key(tiny_checkpoints):
+  config = SamplingConfig(max_new_tokens=10, temperature=1.0, eos_ids=(EOS,), pad_id=PAD)
+  a = _sample(tiny_checkpoints["qwen3"], config, key=1)[3]
+  b = _sample(tiny_checkpoints["qwen3"], config, key=1)[3]
+  c = _sample(tiny_checkpoints["qwen3"], config, key=2)[3]
+  np.testing.assert_array_equal(a.tokens_BxN, b.tokens_BxN)
+  assert not np.array_equal(a.tokens_BxN, c.tokens_BxN)
+
+
+def test_eos_ends_rows_and_masks_the_rest():
+  config = SamplingConfig(max_new_tokens=6, temperature=0.0, eos_ids=(EOS,), pad_id=PAD)
+  logits = jnp.zeros((2, 8)).at[0, EOS].set(5.0).at[1, 4].set(5.0)
+  token, logp = choose_tokens(logits, jax.random.key(0), config)
+  assert token.tolist() == [EOS, 4]
+  np.testing.assert_allclose(logp, jax.nn.log_softmax(logits)[jnp.arange(2), token], rtol=1e-6)
+
+
+def test_top_k_top_p_logprobs_are_renormalized():
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+  keys = jax.random.split(jax.random.key(0), 400)
+  for config, allowed, probs in [
+      (SamplingConfig(max_new_tokens=1, top_k=2), {0, 1}, [0.5 / 0.8, 0.3 / 0.8]),
+      (SamplingConfig(max_new_tokens=1, top_p=0.7), {0, 1}, [0.5 / 0.8, 0.3 / 0.8]),
+      (SamplingConfig(max_new_tokens=1, top_p=0.9), {0, 1, 2}, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95]),
+  ]:
+    tokens, logps = jax.vmap(lambda k: choose_tokens(logits, k, config))(keys)
+    assert set(np.asarray(tokens).ravel().tolist()) == allowed
+    for t, p in enumerate(probs):
+      np.testing.assert_allclose(np.exp(np.asarray(logps)[np.asarray(tokens) == t]), p, rtol=1e-5)
+
+
+def test_sampler_runs_sharded_over_eight_devices(tiny_checkpoints):
+  assert jax.device_count() == 8
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  model = load_pretrained(tiny_checkpoints["llama"])
+  graphdef, state = nnx.split(model)
+  prompts = [[5 + i, 6, 7 + (i % 3)] for i in range(16)]
+  tokens, valid = left_pad(prompts, PAD)
+  config = SamplingConfig(max_new_tokens=8, temperature=1.0, eos_ids=(EOS,), pad_id=PAD)
+  sampler = Sampler(graphdef, config)
+  batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  sharded = sampler(jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
+                    jax.device_put(tokens, batch_sharding), jax.device_put(valid, batch_sharding),
+                    jax.random.key(5))
+  assert sharded.tokens_BxN.sharding.spec[0] == "data"
+  single = sampler(state, tokens, valid, jax.random.key(5))
+  np.testing.assert_array_equal(sharded.tokens_BxN, single.tokens_BxN)
+  np.testing.assert_allclose(sharded.logprobs_BxN, single.logprobs_BxN, atol=1e-5)
+
+
+def test_top_logits_are_returned(tiny_checkpoints):
+  config = SamplingConfig(max_new_tokens=5, temperature=0.0, eos_ids=(), pad_id=PAD, logits_top_k=4)
+  model, tokens, valid, out = _sample(tiny_checkpoints["qwen2"], config)
+  assert out.top_logits_BxNxK.shape == (3, 5, 4)
+  logits = response_logits(model, tokens, valid, out.tokens_BxN, out.mask_BxN)
+  np.testing.assert_allclose(out.top_logits_BxNxK, jax.lax.top_k(logits, 4)[0], atol=1e-4)
+  np.testing.assert_array_equal(out.top_ids_BxNxK[..., 0], out.tokens_BxN)  # greedy = top-1
+
+
+def test_left_pad_rejects_empty_or_long_prompts():
+  with pytest.raises(ValueError, match="1..3 tokens"):
+    left_pad([[1, 2, 3, 4]], PAD, length=3)
+  with pytest.raises(ValueError):
+    left_pad([[]], PAD)
