@@ -44,3 +44,22 @@ def make_tiny_checkpoint(path: str, family: str, seed: int = 0, noise: float = 0
 def load_torch(path: str):
   import transformers
   return transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+
+
+def make_tiny_pair(root: str, family: str = "qwen3") -> dict[str, str]:
+  """A random teacher/student pair with the embedded character tokenizer (our own init, seeded)."""
+  import os
+
+  from flax import nnx
+
+  from opd_jax.data.char_tokenizer import build_char_tokenizer
+  from opd_jax.models import Decoder, ModelConfig, save_pretrained
+  paths = {}
+  for role, width, seed in (("teacher", 64, 1), ("student", 32, 2)):
+    config = ModelConfig(model_type=family, vocab_size=32, hidden_size=width, intermediate_size=2 * width,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         tie_word_embeddings=role == "student", eos_token_id=(1,), pad_token_id=0)
+    paths[role] = os.path.join(root, role)
+    save_pretrained(Decoder(config, rngs=nnx.Rngs(seed)), paths[role])
+    build_char_tokenizer(paths[role])
+  return paths

@@ -20,3 +20,9 @@ def tiny_checkpoints(tmp_path_factory):
   """{family: directory} of tiny random HF checkpoints, one per family, made with transformers."""
   root = tmp_path_factory.mktemp("tiny_ckpts")
   return {family: checkpoints.make_tiny_checkpoint(str(root / family), family) for family in checkpoints.FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+  """{"teacher": dir, "student": dir}: random qwen3-family pair with the embedded tokenizer."""
+  return checkpoints.make_tiny_pair(str(tmp_path_factory.mktemp("tiny_pair")))

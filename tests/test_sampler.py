@@ -97,12 +97,12 @@ def test_sampler_runs_sharded_over_eight_devices(tiny_checkpoints):
   np.testing.assert_allclose(sharded.logprobs_BxN, single.logprobs_BxN, atol=1e-5)
 
 
-def test_top_logits_are_returned(tiny_checkpoints):
+def test_top_logprobs_are_returned(tiny_checkpoints):
   config = SamplingConfig(max_new_tokens=5, temperature=0.0, eos_ids=(), pad_id=PAD, logits_top_k=4)
   model, tokens, valid, out = _sample(tiny_checkpoints["qwen2"], config)
-  assert out.top_logits_BxNxK.shape == (3, 5, 4)
+  assert out.top_logprobs_BxNxK.shape == (3, 5, 4)
   logits = response_logits(model, tokens, valid, out.tokens_BxN, out.mask_BxN)
-  np.testing.assert_allclose(out.top_logits_BxNxK, jax.lax.top_k(logits, 4)[0], atol=1e-4)
+  np.testing.assert_allclose(out.top_logprobs_BxNxK, jax.lax.top_k(jax.nn.log_softmax(logits), 4)[0], atol=1e-4)
   np.testing.assert_array_equal(out.top_ids_BxNxK[..., 0], out.tokens_BxN)  # greedy = top-1
 
 

@@ -1,10 +1,10 @@
 """The embedded reasoning task: multi-step integer arithmetic with a worked solution.
 
-A problem is a chain like `47+385-19+206` (left to right, every intermediate value non-negative). The
+A problem is a chain like `47+85-19+6` (left to right, every intermediate value non-negative). The
 response works it out one operation per line and ends with a GSM8K-style answer line:
 
-    prompt:   "47+385-19+206\n"
-    response: "47+385=432\n432-19=413\n413+206=619\n#### 619"
+    prompt:   "47+85-19+6\n"
+    response: "47+85=132\n132-19=113\n113+6=119\n#### 119"
 
 Responses are 16-64 characters (tokens, with the embedded character tokenizer). Problems are generated
 from a seeded stream and assigned to a split by a hash of the prompt text, so the train and held-out splits
@@ -31,9 +31,9 @@ class ArithmeticTask:
   """Chains of + and - over integers; difficulty grows with terms and digits."""
 
   min_terms: int = 3
-  max_terms: int = 5
+  max_terms: int = 6
   min_digits: int = 1
-  max_digits: int = 3
+  max_digits: int = 2
   heldout_fraction: float = 0.1  # share of the problem space (by prompt hash) reserved for evaluation
 
   def __post_init__(self):

@@ -33,18 +33,35 @@ class ModelConfig:
   # None, or llama3 scaling as sorted (key, value) pairs (a tuple keeps the config hashable for jit).
   rope_scaling: tuple[tuple[str, Any], ...] | None = None
   tie_word_embeddings: bool = False
-  qkv_bias: bool = False  # bias on q/k/v projections (qwen2: always; llama/qwen3: attention_bias)
-  o_bias: bool = False  # bias on the output projection (llama/qwen3: attention_bias)
+  attention_bias: bool = False  # llama / qwen3: bias on q, k, v and o projections (qwen2: see qkv_bias)
   mlp_bias: bool = False  # llama only
-  qk_norm: bool = False  # qwen3: RMSNorm over head_dim on queries and keys before RoPE
   max_position_embeddings: int = 32768
   bos_token_id: int | None = None
   eos_token_id: tuple[int, ...] = ()  # every id that ends a response
   pad_token_id: int | None = None
 
   @property
-  def num_kv_groups(self) -> int:
-    return self.num_attention_heads // self.num_key_value_heads
+  def qkv_bias(self) -> bool:
+    """Bias on q/k/v: always for qwen2, attention_bias for llama / qwen3."""
+    return self.model_type == "qwen2" or self.attention_bias
+
+  @property
+  def o_bias(self) -> bool:
+    return self.model_type != "qwen2" and self.attention_bias
+
+  @property
+  def qk_norm(self) -> bool:
+    """qwen3: RMSNorm over head_dim on queries and keys before RoPE."""
+    return self.model_type == "qwen3"
+
+  def __post_init__(self):
+    if self.model_type not in FAMILIES:
+      raise CheckpointError(f"unsupported model_type {self.model_type!r}; supported: {', '.join(FAMILIES)}")
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise CheckpointError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                            f"num_key_value_heads={self.num_key_value_heads}")
+    if self.mlp_bias and self.model_type != "llama":
+      raise CheckpointError(f"mlp_bias is a llama option, not {self.model_type}")
 
   def num_params(self) -> int:
     d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
@@ -115,10 +132,8 @@ class ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=True if model_type == "qwen2" else attention_bias,
-        o_bias=False if model_type == "qwen2" else attention_bias,
+        attention_bias=attention_bias and model_type != "qwen2",
         mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
-        qk_norm=model_type == "qwen3",
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=eos,
@@ -156,7 +171,7 @@ class ModelConfig:
     if self.rope_scaling:
       hf["rope_scaling"] = dict(self.rope_scaling)
     if self.model_type in ("llama", "qwen3"):
-      hf["attention_bias"] = self.o_bias
+      hf["attention_bias"] = self.attention_bias
     if self.model_type == "llama":
       hf["mlp_bias"] = self.mlp_bias
     if self.model_type in ("qwen2", "qwen3"):

@@ -53,14 +53,10 @@ class Attention(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
     c, kw = config, dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.q_proj = Linear(c.hidden_size, c.num_attention_heads * c.head_dim, use_bias=c.qkv_bias,
-                         axes=("embed", "heads"), **kw)
-    self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, use_bias=c.qkv_bias,
-                         axes=("embed", "kv_heads"), **kw)
-    self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, use_bias=c.qkv_bias,
-                         axes=("embed", "kv_heads"), **kw)
-    self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, use_bias=c.o_bias,
-                         axes=("heads", "embed"), **kw)
+    self.q_proj = Linear(c.hidden_size, c.num_attention_heads * c.head_dim, use_bias=c.qkv_bias, **kw)
+    self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, use_bias=c.qkv_bias, **kw)
+    self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, use_bias=c.qkv_bias, **kw)
+    self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, use_bias=c.o_bias, **kw)
     if c.qk_norm:
       self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
       self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
@@ -99,9 +95,9 @@ class MLP(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
     c, kw = config, dict(use_bias=config.mlp_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.gate_proj = Linear(c.hidden_size, c.intermediate_size, axes=("embed", "mlp"), **kw)
-    self.up_proj = Linear(c.hidden_size, c.intermediate_size, axes=("embed", "mlp"), **kw)
-    self.down_proj = Linear(c.intermediate_size, c.hidden_size, axes=("mlp", "embed"), **kw)
+    self.gate_proj = Linear(c.hidden_size, c.intermediate_size, **kw)
+    self.up_proj = Linear(c.hidden_size, c.intermediate_size, **kw)
+    self.down_proj = Linear(c.intermediate_size, c.hidden_size, **kw)
 
   def __call__(self, x_BxTxD):
     return self.down_proj(jax.nn.silu(self.gate_proj(x_BxTxD)) * self.up_proj(x_BxTxD))
@@ -137,7 +133,7 @@ class Decoder(nnx.Module):
     self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
     self.lm_head = None if config.tie_word_embeddings else Linear(
-        config.hidden_size, config.vocab_size, use_bias=False, axes=("embed", "vocab"), **kw)
+        config.hidden_size, config.vocab_size, use_bias=False, **kw)
 
   def __call__(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None):
     B, T = tokens_BxT.shape

@@ -83,11 +83,11 @@ def _tensor_files(path: str) -> dict[str, str]:
 
 
 def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
-                    sharding_for: Callable[[tuple], jax.sharding.Sharding] | None = None) -> Decoder:
+                    sharding_for: Callable[[str, tuple], jax.sharding.Sharding] | None = None) -> Decoder:
   """Reads an HF checkpoint directory into a Decoder with parameters in `dtype`.
 
-  compute_dtype: activation dtype (default: `dtype`). sharding_for: optional map from parameter path to
-  a jax Sharding; each tensor is placed with it as it is read (sharded loading onto a mesh).
+  compute_dtype: activation dtype (default: `dtype`). sharding_for: optional (dotted parameter path, shape)
+  -> jax Sharding; each tensor is placed with it as it is read (sharded loading onto a mesh).
   """
   param_dtype = SUPPORTED_DTYPES[canonical_dtype(dtype)]
   compute_dtype = SUPPORTED_DTYPES[canonical_dtype(compute_dtype or dtype)]
@@ -120,7 +120,7 @@ def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
       array = array.T if transpose else array
       value = jnp.asarray(array, dtype=param_dtype)
       if sharding_for is not None:
-        value = jax.device_put(value, sharding_for(param_path))
+        value = jax.device_put(value, sharding_for(".".join(map(str, param_path)), expected))
       del array
       leaves[param_path] = value
       used.add(name)

@@ -7,8 +7,8 @@ A weight is either a plain array or a quantized tensor (values + scales, made by
 against the dequantized weight in the compute dtype (weight-only quantization, W8A16-style), so a
 precision recipe changes numbers exactly where a real int8/fp8 rollout engine would.
 
-Each layer also records the logical axes of its weight (`axes`), which the sharding rules in
-`opd_jax.models.sharding` map onto mesh axes.
+Shardings are not annotated here but derived from parameter paths by the regex rules in
+`opd_jax.models.sharding`, so one rule table covers learner, teacher, sampler and optimizer state.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ def materialize(weight, dtype) -> jax.Array:
 class Linear(nnx.Module):
   """y = x @ kernel (+ bias); kernel is [in, out] (HF stores the transpose)."""
 
-  def __init__(self, in_features: int, out_features: int, *, use_bias: bool, axes: tuple[str, str],
-               dtype, param_dtype, rngs: nnx.Rngs):
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool, dtype, param_dtype,
+               rngs: nnx.Rngs):
     scale = in_features ** -0.5
     self.kernel = nnx.Param(
         jax.random.normal(rngs.params(), (in_features, out_features), param_dtype) * scale)
     self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
-    self.axes = axes
     self.dtype = dtype
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
@@ -50,7 +49,6 @@ class Embed(nnx.Module):
 
   def __init__(self, vocab_size: int, features: int, *, dtype, param_dtype, rngs: nnx.Rngs):
     self.embedding = nnx.Param(jax.random.normal(rngs.params(), (vocab_size, features), param_dtype) * 0.02)
-    self.axes = ("vocab", "embed")
     self.dtype = dtype
 
   def __call__(self, tokens_BxT: jax.Array) -> jax.Array:

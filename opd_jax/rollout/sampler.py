@@ -34,7 +34,7 @@ class SamplingConfig:
   eos_ids: tuple[int, ...] = ()  # any of these ends a row
   pad_id: int = 0  # written after a row ends
   kv_dtype: str = "native"  # see rollout.kv_cache
-  logits_top_k: int = 0  # also return the top-k raw (pre-temperature) logits per position; 0 = none
+  logits_top_k: int = 0  # also return the top-k log-probs (temperature 1, unfiltered) per position; 0 = none
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -52,7 +52,9 @@ class SampleOutput:
   tokens_BxN: jax.Array  # int32 new tokens
   mask_BxN: jax.Array  # float32, 1 for response tokens (through the first EOS)
   logprobs_BxN: jax.Array  # float32, log-prob under the sampling distribution
-  top_logits_BxNxK: jax.Array | None = None  # raw logits of the K most likely tokens
+  # log-softmax of the raw logits (temperature 1, before filtering) for the K most likely tokens; with
+  # K = V this is the sampler's whole distribution (for exact vocabulary-level mismatch metrics).
+  top_logprobs_BxNxK: jax.Array | None = None
   top_ids_BxNxK: jax.Array | None = None
 
 
@@ -108,7 +110,7 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
     logps = logps.at[:, t].set(jnp.where(done_B, 0.0, logp_B))
     mask = mask.at[:, t].set(jnp.where(done_B, 0.0, 1.0))
     if K:
-      vals_BxK, ids_BxK = jax.lax.top_k(logits_BxV, K)
+      vals_BxK, ids_BxK = jax.lax.top_k(jax.nn.log_softmax(logits_BxV, axis=-1), K)
       top_vals, top_ids = top_vals.at[:, t].set(vals_BxK), top_ids.at[:, t].set(ids_BxK)
     done_B = done_B | jnp.isin(token_B, eos_E)
     return (tokens, logps, mask, top_vals, top_ids), done_B

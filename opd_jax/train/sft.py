@@ -18,7 +18,7 @@ from flax import nnx
 from opd_jax.data.batching import encode_prompts, encode_solutions
 from opd_jax.data.task import ArithmeticTask
 from opd_jax.objectives.logprobs import response_logits, token_logprobs
-from opd_jax.train.optimizer import make_optimizer
+from opd_jax.train.optimizer import make_optimizer, make_schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +34,8 @@ class SFTConfig:
   max_response_tokens: int = 66
 
 
-def sft_loss(params, graphdef, rest, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR):
-  model = nnx.merge(graphdef, params, rest)
+def sft_loss(params, graphdef, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR):
+  model = nnx.merge(graphdef, params)
   logits_BxRxV = response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR)
   logp_BxR = token_logprobs(logits_BxRxV, response_BxR)
   return -jnp.sum(logp_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0)
@@ -49,15 +49,15 @@ def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
   log(step, mean loss, seconds per step) every 100 steps; evaluate(step, full model state) every
   `eval_every` steps when given.
   """
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  optimizer = make_optimizer(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-                             total_steps=config.steps, weight_decay=config.weight_decay,
-                             grad_clip_norm=config.grad_clip_norm)
+  graphdef, params = nnx.split(model)
+  schedule = make_schedule(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
+                           total_steps=config.steps)
+  optimizer = make_optimizer(schedule, weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
   opt_state = optimizer.init(params)
 
   @jax.jit
   def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, rest, *batch)
+    loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, *batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 

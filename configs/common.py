@@ -1,0 +1,123 @@
+"""Shared config pieces: `parse_arg` for `--config=configs/pairN.py:key=value,...` and the base OPD config.
+
+Every field a user may change lives here (or in the pair file that adjusts it) with a comment; library code
+reads fields directly and hides no defaults.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ASSETS = os.path.join(REPO, "opd_jax", "assets")
+
+
+def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
+  """Parses 'runlocal,seed=3' against typed defaults: parse_arg(arg, runlocal=False, seed=0).
+
+  A bare name sets a bool to True; key=value is converted to the default's type. Unknown keys are an error.
+  """
+  result = ml_collections.ConfigDict(spec)
+  for part in filter(None, (arg or "").split(",")):
+    key, _, value = part.partition("=")
+    if key not in spec:
+      raise ValueError(f"config argument {key!r} is unknown; known: {sorted(spec)}")
+    default = spec[key]
+    if isinstance(default, bool):
+      result[key] = value.lower() not in ("0", "false", "no") if value else True
+    elif not value:
+      raise ValueError(f"config argument {key!r} needs a value ({key}=...)")
+    else:
+      result[key] = type(default)(value)
+  return result
+
+
+def base_config(pair: str) -> ml_collections.ConfigDict:
+  """OPD of an embedded pair's student from its teacher, with no mismatch knobs."""
+  c = ml_collections.ConfigDict()
+  c.pair = pair  # name used in logs, sweep results and budgets
+  c.teacher = os.path.join(ASSETS, pair, "teacher")  # HF checkpoint dir of the fixed teacher
+  c.student = os.path.join(ASSETS, pair, "student")  # HF checkpoint dir the student starts from
+  c.tokenizer = ""  # dir with tokenizer files; "" = the student dir
+  c.teacher_dtype = "float32"  # teacher params + compute: float32 | bfloat16
+  c.student_dtype = "float32"  # learner (master) params + compute: float32 | bfloat16
+  c.seed = 0  # sampling keys and everything random in the run
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "arithmetic"  # "arithmetic" (embedded generator) | "jsonl" (local files below)
+  c.data.train_file = ""  # JSONL {"prompt", "answer"} for data.source="jsonl"
+  c.data.heldout_file = ""  # JSONL held-out set for evaluation when data.source="jsonl"
+  c.data.train_size = 50_000  # embedded task: training prompts generated (the grain pipeline repeats them)
+  c.data.min_terms = 3  # embedded task difficulty (see opd_jax/data/task.py)
+  c.data.max_terms = 5
+  c.data.min_digits = 1
+  c.data.max_digits = 3
+  c.data.use_chat_template = False  # wrap prompts as a user turn when the tokenizer has a chat template
+  c.data.max_prompt_tokens = 24  # prompts are left-padded (or cut from the left) to this length
+  c.data.seed = 0  # problem generation and shuffling
+
+  c.rollout = ml_collections.ConfigDict()  # every mismatch knob; see opd_jax/rollout/config.py
+  c.rollout.weights = "none"  # sampler weight recipe shorthand: none | bf16 | int8 | fp8 | fp8_e5m2
+  c.rollout.weight_rules = ()  # ordered ((regex, precision), ...) over param paths; overrides `weights`
+  c.rollout.kv_cache = "native"  # sampler KV cache: native | bf16 | int8 | fp8
+  c.rollout.staleness_steps = 0  # sync mode: sampler uses learner version t - staleness_steps
+  c.rollout.noise_sigma = 0.0  # relative Gaussian noise on sampler weights, ||noise|| / ||W|| per tensor
+  c.rollout.noise_order = "before_quant"  # before_quant | after_quant
+  c.rollout.noise_seed = 0  # noise for version v uses fold_in(key(noise_seed), v)
+  c.rollout.temperature = 1.0  # sampling temperature (teacher and learner log-probs use the same one)
+  c.rollout.top_k = 0  # 0 = off
+  c.rollout.top_p = 1.0  # 1 = off
+  c.rollout.max_new_tokens = 64  # response budget; the embedded task needs <= 64
+
+  c.objective = ml_collections.ConfigDict()  # see opd_jax/objectives/losses.py
+  c.objective.name = "reverse_kl_pg"  # reverse_kl_pg | reverse_kl | forward_kl | jsd | *_topk variants
+  c.objective.student_logp = "learner"  # reverse_kl_pg advantage uses the learner's or the sampler's log pi_S
+  c.objective.importance = "none"  # reverse_kl_pg token weights: none | tis | mis
+  c.objective.is_cap = 2.0  # C for tis / mis
+  c.objective.beta = 0.5  # jsd interpolation
+  c.objective.top_k = 16  # support of the *_topk objectives
+  c.objective.temperature = 1.0  # full-vocabulary objectives divide both logits by this
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.learning_rate = 1e-3  # AdamW peak learning rate
+  c.optimizer.warmup_steps = 10  # linear warmup, then cosine decay to end_lr_fraction * peak
+  c.optimizer.end_lr_fraction = 0.1
+  c.optimizer.weight_decay = 0.0
+  c.optimizer.grad_clip_norm = 1.0  # global-norm clipping
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 200  # learner updates
+  c.train.batch_size = 64  # prompts per update (one response each); divisible by mesh data*fsdp
+  c.train.mode = "sync"  # sync: sample -> score -> update | async: rollouts produced ahead of the learner
+  c.train.max_staleness = 2  # async: a batch may come from a learner version up to this many updates old
+  c.train.log_every = 10  # steps between metrics.jsonl rows (metrics are averaged over the interval)
+  c.train.eval_every = 50  # steps between held-out evaluations (and one before training, one at the end)
+  c.train.eval_size = 256  # held-out prompts per evaluation
+  c.train.eval_batch_size = 128
+  c.train.eval_sampled = True  # also report accuracy of temperature-1 samples (greedy is always reported)
+  c.train.checkpoint_every = 100  # steps between orbax checkpoints (and one at the end)
+  c.train.keep_checkpoints = 2
+  c.train.resume = True  # continue from the newest checkpoint in workdir when one exists
+  c.train.stop_after_steps = 0  # end this process (checkpointed) after this many steps; 0 = run to train.steps
+  c.train.vocab_metrics_top_k = -1  # sampler top-k log-probs for vocab mismatch metrics; -1 = full vocab, 0 = off
+  c.train.progress_bar = True
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # data-parallel ways; -1 = all devices left after fsdp * tensor
+  c.mesh.fsdp = 1  # parameter/optimizer sharding ways (batch is also split over it)
+  c.mesh.tensor = 1  # tensor-parallel ways (heads / MLP / vocab)
+  return c
+
+
+def shrink_for_local_run(c: ml_collections.ConfigDict) -> None:
+  """The `runlocal` shrink: a smoke run in well under a minute on a laptop CPU."""
+  c.train.steps = 6
+  c.train.batch_size = 16
+  c.train.log_every = 2
+  c.train.eval_every = 3
+  c.train.eval_size = 32
+  c.train.eval_batch_size = 32
+  c.train.checkpoint_every = 3
+  c.data.train_size = 512

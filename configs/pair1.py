@@ -1,0 +1,27 @@
+"""Pair 1 (Qwen3-style, embedded): OPD of the pair1 student from the pair1 teacher on the arithmetic task.
+
+Run (about 8 minutes on 2 CPU cores; README lists the measured before/after accuracy):
+  python launch/train.py --config=configs/pair1.py --workdir=runs/pair1
+Smoke run (seconds):   --config=configs/pair1.py:runlocal
+Mismatch knobs:        --config.rollout.weights=fp8 --config.rollout.kv_cache=fp8 --config.rollout.staleness_steps=2
+Real checkpoints:      --config.teacher=/ckpt/Qwen3-8B --config.student=/ckpt/Qwen3-1.7B
+                       --config.teacher_dtype=bfloat16 --config.data.source=jsonl
+                       --config.data.train_file=gsm8k_train.jsonl --config.data.heldout_file=gsm8k_test.jsonl
+                       --config.data.use_chat_template=True --config.data.max_prompt_tokens=256
+                       --config.rollout.max_new_tokens=512 --config.train.vocab_metrics_top_k=64
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for configs.common
+
+from configs import common  # noqa: E402
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, runlocal=False)
+  config = common.base_config("pair1")
+  if args.runlocal:
+    common.shrink_for_local_run(config)
+  return config

@@ -1,0 +1,102 @@
+"""Parameter shardings on a (data, fsdp, tensor) mesh, from regex rules over parameter paths.
+
+A rule is (regex, spec): the first rule whose regex matches (`re.search`) the dotted parameter path
+(`layers.3.mlp.up_proj.kernel`) gives the PartitionSpec as a tuple with one mesh axis name (or None) per
+tensor dimension. A dimension that the named mesh axis does not divide evenly is replicated instead, so tiny
+models run on any mesh. Quantized weights (AQT QTensor: values + per-channel scales) follow their kernel's
+spec on the values and on the scale's non-singleton dimension. Unmatched parameters are replicated.
+
+The default rules put the model width over fsdp and heads / MLP width / vocab over tensor: Megatron-style
+tensor parallelism (column-parallel q/k/v/gate/up, row-parallel o/down) plus ZeRO-3-style fsdp.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+DEFAULT_RULES = (
+    (r"embed_tokens\.embedding$", ("tensor", "fsdp")),  # [V, D]
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.kernel$", ("fsdp", "tensor")),  # [D, heads | F]
+    (r"(o_proj|down_proj)\.kernel$", ("tensor", "fsdp")),  # [heads | F, D]
+    (r"lm_head\.kernel$", ("fsdp", "tensor")),  # [D, V]
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.bias$", ("tensor",)),
+)
+
+
+def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[int, int, int]:
+  """Validated (data, fsdp, tensor) sizes; data = -1 takes the devices left after fsdp * tensor."""
+  if fsdp < 1 or tensor < 1:
+    raise ValueError(f"mesh: fsdp and tensor must be >= 1, got fsdp={fsdp}, tensor={tensor}")
+  if data == -1:
+    if device_count % (fsdp * tensor):
+      raise ValueError(f"mesh: {device_count} devices are not divisible by fsdp*tensor={fsdp * tensor}")
+    data = device_count // (fsdp * tensor)
+  if data < 1 or data * fsdp * tensor != device_count:
+    raise ValueError(f"mesh: data*fsdp*tensor = {data}*{fsdp}*{tensor} != {device_count} devices; "
+                     "set mesh.data=-1 to use the rest")
+  return data, fsdp, tensor
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh with automatic (GSPMD) axes."""
+  devices = list(devices if devices is not None else jax.devices())
+  shape = mesh_shape(data, fsdp, tensor, len(devices))
+  auto = (jax.sharding.AxisType.Auto,) * 3
+  return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+
+
+def _fit(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  spec = tuple(spec)[:len(shape)] + (None,) * max(len(shape) - len(spec), 0)
+  fitted = [axis if axis is not None and shape[i] % mesh.shape[axis] == 0 else None for i, axis in enumerate(spec)]
+  return PartitionSpec(*fitted)
+
+
+def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules=DEFAULT_RULES) -> PartitionSpec:
+  for regex, spec in rules:
+    if re.search(regex, path):
+      return _fit(spec, shape, mesh)
+  return PartitionSpec()
+
+
+def state_shardings(state, mesh: Mesh, rules=DEFAULT_RULES):
+  """A pytree of NamedShardings matching `state` (an nnx.State, or any pytree of such states)."""
+
+  def leaf_sharding(key_path, leaf):
+    parts = [k.key if hasattr(k, "key") else k.name if hasattr(k, "name") else k.idx for k in key_path]
+    parts = [str(p) for p in parts if p not in ("value", "raw_value")]
+    path = ".".join(parts)
+    # Inside a QTensor: values follow the kernel; scales [1, out] / [V, 1] follow the non-singleton dim.
+    if "qvalue" in parts or "scale" in parts:
+      base = ".".join(parts[:parts.index("qvalue" if "qvalue" in parts else "scale")])
+      spec = spec_for(base, leaf.shape, mesh, rules)
+      if "scale" in parts:
+        spec = PartitionSpec(*[a if leaf.shape[i] > 1 else None for i, a in enumerate(spec)])
+      return NamedSharding(mesh, spec)
+    return NamedSharding(mesh, spec_for(path, getattr(leaf, "shape", ()), mesh, rules))
+
+  return jax.tree_util.tree_map_with_path(leaf_sharding, state)
+
+
+def loader_shardings(mesh: Mesh, rules=DEFAULT_RULES):
+  """The `sharding_for` argument of load_pretrained: each tensor goes straight to its shards."""
+  return lambda path, shape: NamedSharding(mesh, spec_for(path, shape, mesh, rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension over data and fsdp (fsdp shards the batch too, as in ZeRO-3)."""
+  return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def shard_model_state(model_or_state, mesh: Mesh, rules=DEFAULT_RULES):
+  state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state)
+  return jax.device_put(state, state_shardings(state, mesh, rules))

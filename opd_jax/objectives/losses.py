@@ -1,0 +1,164 @@
+"""OPD objectives, selectable by name. Every loss is a token-mean over the response mask of the batch.
+
+Legend: B batch, R response length, V vocab, K top-k support size.
+Notation: pi_theta the learner (student being trained), pi_T the teacher, mu the sampler that generated the
+tokens a_t. Log-probs and logits are float32.
+
+  reverse_kl_pg  the standard OPD policy gradient. A_t = log pi_T(a_t) - log pi_S(a_t) (stop-gradient), where
+                 pi_S is the learner's recomputation (default) or the sampler's log-prob (config
+                 `student_logp`). loss = -mean_t(w_t * A_t * log pi_theta(a_t)); its expected gradient is the
+                 gradient of KL(pi_theta || pi_T) along the sampled prefixes. w_t (detached):
+                   none  1
+                   tis   min(pi_theta / mu, C)                          (truncated importance sampling)
+                   mis   1[1/C <= pi_theta / mu <= C] (masked importance sampling)
+  reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix.
+  forward_kl     exact KL(pi_T || pi_theta).
+  jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
+  *_topk         the same three on the teacher's top-k support plus one tail bin: both distributions are
+                 coarse-grained to (top-k tokens of pi_T, everything else). The tail bin keeps the divergence
+                 well defined and, by the data-processing inequality, a lower bound on the full one; it is exact
+                 when pi_T puts no mass outside its top k. Teacher top-k values come from the full teacher
+                 logits here; with a separate teacher service only [B, R, K] need to travel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+IMPORTANCE = ("none", "tis", "mis")
+STUDENT_LOGP = ("learner", "sampler")
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+  name: str = "reverse_kl_pg"  # see module docstring; names in OBJECTIVES
+  student_logp: str = "learner"  # reverse_kl_pg: whose log pi_S enters the advantage
+  importance: str = "none"  # reverse_kl_pg: none | tis | mis
+  is_cap: float = 2.0  # C for tis / mis
+  beta: float = 0.5  # jsd / jsd_topk
+  top_k: int = 16  # *_topk support size
+  temperature: float = 1.0  # divides student and teacher logits in the full-vocabulary objectives
+
+  def __post_init__(self):
+    if self.name not in OBJECTIVES:
+      raise ValueError(f"objective.name {self.name!r} is unknown; choose one of {sorted(OBJECTIVES)}")
+    if self.importance not in IMPORTANCE:
+      raise ValueError(f"objective.importance must be one of {IMPORTANCE}, got {self.importance!r}")
+    if self.student_logp not in STUDENT_LOGP:
+      raise ValueError(f"objective.student_logp must be one of {STUDENT_LOGP}, got {self.student_logp!r}")
+    if self.is_cap <= 1 or not 0 <= self.beta <= 1 or self.top_k < 1 or self.temperature <= 0:
+      raise ValueError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
+                       f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
+
+  @property
+  def needs_teacher_logits(self) -> bool:
+    return self.name != "reverse_kl_pg"
+
+
+def masked_mean(x_BxR: jax.Array, mask_BxR: jax.Array) -> jax.Array:
+  return jnp.sum(x_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0)
+
+
+def _kl(logp_a_BxRxV: jax.Array, logp_b_BxRxV: jax.Array) -> jax.Array:
+  """KL(a || b) per position, [B, R]; 0 * log 0 is 0."""
+  p_a = jnp.exp(logp_a_BxRxV)
+  return jnp.sum(jnp.where(p_a > 0, p_a * (logp_a_BxRxV - logp_b_BxRxV), 0.0), axis=-1)
+
+
+def _jsd_per_token(student_logp_BxRxV, teacher_logp_BxRxV, beta: float) -> jax.Array:
+  if beta == 0.0:
+    return _kl(teacher_logp_BxRxV, student_logp_BxRxV)
+  if beta == 1.0:
+    return _kl(student_logp_BxRxV, teacher_logp_BxRxV)
+  mix_logp_BxRxV = jnp.logaddexp(teacher_logp_BxRxV + jnp.log(beta), student_logp_BxRxV + jnp.log1p(-beta))
+  return (beta * _kl(teacher_logp_BxRxV, mix_logp_BxRxV)
+          + (1 - beta) * _kl(student_logp_BxRxV, mix_logp_BxRxV))
+
+
+def generalized_jsd(student_logits, teacher_logits, mask, beta: float, temperature: float = 1.0) -> jax.Array:
+  """Token-mean over `mask` of beta*KL(T||M) + (1-beta)*KL(S||M), M = beta*T + (1-beta)*S.
+
+  The mixture is formed from probabilities in log space (logaddexp). beta=0 is exactly KL(T||S) and beta=1
+  exactly KL(S||T) (the endpoints are computed directly: the mixture form would vanish there).
+  """
+  student_logp = jax.nn.log_softmax(student_logits / temperature, axis=-1)
+  teacher_logp = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
+  return masked_mean(_jsd_per_token(student_logp, teacher_logp, beta), mask)
+
+
+def topk_coarse_grain(student_logits_BxRxV, teacher_logits_BxRxV, k: int, temperature: float = 1.0):
+  """Log-probs of both models on (teacher's top-k tokens, tail bin): [B, R, K+1] each."""
+  student_logp = jax.nn.log_softmax(student_logits_BxRxV / temperature, axis=-1)
+  teacher_logp = jax.nn.log_softmax(teacher_logits_BxRxV / temperature, axis=-1)
+  k = min(k, teacher_logp.shape[-1])
+  teacher_top_BxRxK, ids_BxRxK = jax.lax.top_k(teacher_logp, k)
+  student_top_BxRxK = jnp.take_along_axis(student_logp, ids_BxRxK, axis=-1)
+
+  def with_tail(top_BxRxK):
+    mass_BxRx1 = jnp.sum(jnp.exp(top_BxRxK), axis=-1, keepdims=True)
+    tail_BxRx1 = jnp.log(jnp.clip(1.0 - mass_BxRx1, 1e-30, 1.0))
+    return jnp.concatenate([top_BxRxK, tail_BxRx1], axis=-1)
+
+  return with_tail(student_top_BxRxK), with_tail(teacher_top_BxRxK)
+
+
+def importance_weights(learner_logp_BxR, sampler_logp_BxR, kind: str, cap: float) -> jax.Array:
+  """Detached per-token weights from the ratio pi_theta / mu."""
+  ratio_BxR = jnp.exp(jnp.clip(jax.lax.stop_gradient(learner_logp_BxR - sampler_logp_BxR), -20.0, 20.0))
+  if kind == "tis":
+    return jnp.minimum(ratio_BxR, cap)
+  if kind == "mis":
+    return ((ratio_BxR >= 1.0 / cap) & (ratio_BxR <= cap)).astype(jnp.float32)
+  return jnp.ones_like(ratio_BxR)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossInputs:
+  """What every objective may read (all [B, R] unless noted)."""
+  student_logits_BxRxV: jax.Array  # learner, differentiable
+  learner_logp_BxR: jax.Array  # log pi_theta(a_t), differentiable
+  sampler_logp_BxR: jax.Array  # log mu(a_t) recorded by the sampler
+  teacher_logp_BxR: jax.Array  # log pi_T(a_t)
+  teacher_logits_BxRxV: jax.Array | None  # needed by the full-vocabulary objectives
+  mask_BxR: jax.Array
+
+
+def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
+  student_logp = x.learner_logp_BxR if c.student_logp == "learner" else x.sampler_logp_BxR
+  advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_logp)
+  weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
+  loss = -masked_mean(weights_BxR * advantage_BxR * x.learner_logp_BxR, x.mask_BxR)
+  return loss, {"advantage": masked_mean(advantage_BxR, x.mask_BxR),
+                "is_weight": masked_mean(weights_BxR, x.mask_BxR)}
+
+
+def _full(beta: float | None, topk: bool):
+  def objective(x: LossInputs, c: ObjectiveConfig):
+    b = c.beta if beta is None else beta
+    if topk:
+      s, t = topk_coarse_grain(x.student_logits_BxRxV, x.teacher_logits_BxRxV, c.top_k, c.temperature)
+    else:
+      s = jax.nn.log_softmax(x.student_logits_BxRxV / c.temperature, axis=-1)
+      t = jax.nn.log_softmax(x.teacher_logits_BxRxV / c.temperature, axis=-1)
+    return masked_mean(_jsd_per_token(s, t, b), x.mask_BxR), {}
+  return objective
+
+
+OBJECTIVES: dict[str, Callable] = {
+    "reverse_kl_pg": _reverse_kl_pg,
+    "reverse_kl": _full(1.0, topk=False),
+    "forward_kl": _full(0.0, topk=False),
+    "jsd": _full(None, topk=False),
+    "reverse_kl_topk": _full(1.0, topk=True),
+    "forward_kl_topk": _full(0.0, topk=True),
+    "jsd_topk": _full(None, topk=True),
+}
+
+
+def compute_loss(inputs: LossInputs, config: ObjectiveConfig):
+  """(scalar loss, dict of scalar diagnostics)."""
+  return OBJECTIVES[config.name](inputs, config)

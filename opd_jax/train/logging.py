@@ -1,0 +1,70 @@
+"""Run logging: metrics.jsonl (one JSON object per line, with "step"), TensorBoard events, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from tqdm.auto import tqdm
+
+
+def _plain(value):
+  value = float(value)
+  return value if math.isfinite(value) else str(value)
+
+
+class MetricsWriter:
+  """Appends rows to workdir/metrics.jsonl (each line written and flushed whole) and to TensorBoard."""
+
+  def __init__(self, workdir: str, *, resume_step: int | None, total_steps: int, progress_bar: bool):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._truncate_after(resume_step)
+    self._file = open(self.path, "a")
+    from tensorboardX import SummaryWriter
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self._bar = tqdm(total=total_steps, initial=resume_step or 0, dynamic_ncols=True, file=sys.stderr,
+                     disable=not progress_bar, desc="opd")
+    self._postfix = {}
+
+  def _truncate_after(self, resume_step: int | None) -> None:
+    """On resume, drop rows logged after the checkpoint (they will be logged again); atomic rewrite."""
+    if not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      rows = [line for line in f if line.strip()]
+    keep = []
+    for line in rows:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a line cut by a crash
+      if resume_step is not None and row.get("step", 0) <= resume_step:
+        keep.append(json.dumps(row) + "\n")
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(keep)
+    os.replace(tmp, self.path)
+
+  def write(self, step: int, metrics: dict) -> None:
+    row = {"step": int(step), **{k: _plain(v) if not isinstance(v, str) else v for k, v in metrics.items()}}
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    for key, value in row.items():
+      if key != "step" and isinstance(value, float):
+        self._tb.add_scalar(key, value, step)
+    self._tb.flush()
+    for key, short in (("loss", "loss"), ("eval/accuracy", "acc"), ("mismatch/k3", "k3"),
+                       ("perf/tokens_per_s", "tok/s")):
+      if key in row and isinstance(row[key], float):
+        self._postfix[short] = f"{row[key]:.3g}"
+    self._bar.set_postfix(self._postfix, refresh=False)
+
+  def advance(self, steps: int = 1) -> None:
+    self._bar.update(steps)
+
+  def close(self) -> None:
+    self._bar.close()
+    self._file.close()
+    self._tb.close()

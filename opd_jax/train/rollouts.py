@@ -1,0 +1,120 @@
+"""Rollout production: sample with the configured mismatch knobs, score with the teacher; sync or async.
+
+`RolloutProducer.produce(index, version, params, prompts)` turns one prompt batch into a `RolloutBatch`:
+the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
+scoring, and -- when staleness and precision/noise mismatch are both present -- the same-version learner
+log-probs that split the mismatch into its two factors. The PRNG key of batch `index` is
+fold_in(key(seed), index), so a resumed run draws the same samples.
+
+`AsyncRollouts` runs the producer in a background thread ahead of the learner: batch i may use any learner
+version v >= i - max_staleness (it waits until one is published), and at most max_staleness batches wait in
+the queue. JAX releases the GIL while XLA runs, so sampling and learning overlap where the hardware allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import queue
+import threading
+
+import jax
+import jax.numpy as jnp
+
+from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+from opd_jax.rollout.sampler import Sampler
+from opd_jax.train.step import RolloutBatch, score
+
+
+@dataclasses.dataclass
+class Produced:
+  index: int  # batch number (= the learner step that will consume it)
+  version: int  # learner version the sampler used
+  batch: RolloutBatch
+  data_state: dict  # prompt iterator state after this batch was drawn
+
+
+class RolloutProducer:
+
+  def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
+               need_teacher_logits: bool, put_batch, seed: int):
+    self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
+    self.teacher_state = teacher_state
+    self.key = jax.random.fold_in(jax.random.key(seed), 1)
+    temperature = rollout.temperature
+    self._teacher = jax.jit(functools.partial(score, teacher_graphdef, temperature=temperature,
+                                              return_logits=need_teacher_logits))
+    self._student = jax.jit(functools.partial(score, student_graphdef, temperature=temperature,
+                                              return_logits=False))
+    self._precision_or_noise = bool(rollout.weight_rules) or rollout.kv_cache != "native" or rollout.noise_sigma > 0
+
+  def produce(self, index: int, version: int, params, prompts: dict, lagged: bool) -> RolloutBatch:
+    """lagged: the sampler's version is older than the learner that will consume the batch."""
+    prompt_BxP = self.put_batch(prompts["prompt_BxP"])
+    valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
+    sampler_state = params if self.rollout.is_exact else build_sampler_state(params, self.rollout, jnp.int32(version))
+    out = self.sampler(sampler_state, prompt_BxP, valid_BxP, jax.random.fold_in(self.key, index))
+    teacher_logp, teacher_logits = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN,
+                                                 out.mask_BxN)
+    snapshot_logp = None
+    if lagged and self._precision_or_noise:
+      snapshot_logp, _ = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
+    return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher_logp,
+                        teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp)
+
+
+class AsyncRollouts:
+  """Background producer thread with bounded staleness; `get()` returns the next `Produced` in order."""
+
+  def __init__(self, producer: RolloutProducer, prompts, *, start_index: int, max_staleness: int,
+               initial_version: int, initial_params):
+    if max_staleness < 1:
+      raise ValueError(f"train.max_staleness must be >= 1 in async mode, got {max_staleness}")
+    self._producer, self._prompts, self._max_staleness = producer, prompts, max_staleness
+    self._queue: queue.Queue = queue.Queue(maxsize=max_staleness)
+    self._latest = (initial_version, initial_params)
+    self._cond = threading.Condition()
+    self._stop = threading.Event()
+    self._next_index = start_index
+    self._thread = threading.Thread(target=self._run, name="opd-rollouts", daemon=True)
+    self._thread.start()
+
+  def publish(self, version: int, params) -> None:
+    """The learner's newest parameters (must not be donated later: pass a copy)."""
+    with self._cond:
+      self._latest = (version, params)
+      self._cond.notify_all()
+
+  def _run(self) -> None:
+    try:
+      while not self._stop.is_set():
+        index = self._next_index
+        with self._cond:
+          while self._latest[0] < index - self._max_staleness and not self._stop.is_set():
+            self._cond.wait(timeout=0.1)
+          version, params = self._latest
+        if self._stop.is_set():
+          return
+        prompts = next(self._prompts)
+        batch = self._producer.produce(index, version, params, prompts, lagged=version < index)
+        jax.block_until_ready(batch)
+        item = Produced(index, version, batch, self._prompts.get_state())
+        while not self._stop.is_set():
+          try:
+            self._queue.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        self._next_index += 1
+    except BaseException as e:  # surfaced to the learner by get()
+      self._queue.put(e)
+
+  def get(self) -> Produced:
+    item = self._queue.get()
+    if isinstance(item, BaseException):
+      raise RuntimeError(f"rollout producer failed: {item}") from item
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=30)
