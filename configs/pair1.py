@@ -3,6 +3,7 @@
 Run (about 8 minutes on 2 CPU cores; README lists the measured before/after accuracy):
   python launch/train.py --config=configs/pair1.py --workdir=runs/pair1
 Smoke run (seconds):   --config=configs/pair1.py:runlocal
+Sensitivity recipe:    --config=configs/pair1.py:recipe=runs/sensitivity_pair1/recipe_fp8.json
 Mismatch knobs:        --config.rollout.weights=fp8 --config.rollout.kv_cache=fp8 --config.rollout.staleness_steps=2
 Real checkpoints:      --config.teacher=/ckpt/Qwen3-8B --config.student=/ckpt/Qwen3-1.7B
                        --config.teacher_dtype=bfloat16 --config.data.source=jsonl
@@ -20,8 +21,5 @@ from configs import common  # noqa: E402
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, runlocal=False)
-  config = common.base_config("pair1")
-  if args.runlocal:
-    common.shrink_for_local_run(config)
-  return config
+  """arg: 'runlocal' and/or 'recipe=PATH' (see configs.common.pair_config)."""
+  return common.pair_config("pair1", arg)

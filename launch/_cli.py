@@ -3,9 +3,15 @@
 import sys
 
 
-def log_devices() -> None:
+def quiet_logs() -> None:
+  import os
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax and jax log every checkpoint step at INFO
+
+
+def log_devices() -> None:
+  quiet_logs()
   import jax
   print(f"jax {jax.__version__}: {jax.device_count()} x {jax.devices()[0].platform} device(s)", file=sys.stderr)
 

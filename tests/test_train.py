@@ -19,7 +19,8 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
 from opd_jax.train.loop import check_config, train
 from opd_jax.train.optimizer import make_optimizer, make_schedule
-from opd_jax.train.step import RolloutBatch, TrainState, score, train_step
+from opd_jax.objectives.logprobs import score
+from opd_jax.train.step import RolloutBatch, TrainState, train_step
 
 
 def _batch(pair, batch_size=8, seed=0):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 
 def response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_BxR) -> jax.Array:
@@ -24,3 +25,12 @@ def token_logprobs(logits_BxRxV, tokens_BxR, temperature: float = 1.0) -> jax.Ar
     logits_BxRxV = logits_BxRxV / temperature
   logp_BxRxV = jax.nn.log_softmax(logits_BxRxV, axis=-1)
   return jnp.take_along_axis(logp_BxRxV, tokens_BxR[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def score(graphdef, state, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR, temperature: float,
+          return_logits: bool):
+  """Teacher-forced log-probs of the response tokens (and the logits when asked)."""
+  model = nnx.merge(graphdef, state)
+  logits_BxRxV = response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR)
+  logp_BxR = token_logprobs(logits_BxRxV, response_BxR, temperature) * mask_BxR
+  return logp_BxR, (logits_BxRxV if return_logits else None)

@@ -37,28 +37,49 @@ class ModelSpec:
   num_key_value_heads: int
   intermediate_size: int
   tie_word_embeddings: bool
-  sft_steps: int  # supervised steps on reference solutions (batch 64)
+  sft_steps: int  # supervised steps on reference solutions (batch 64); the most for early-stopped students
   learning_rate: float
   init_seed: int
   data_seed: int
   head_dim: int = 32
+  # Students: constant learning rate, stop at the first check (every 50 steps, on 256 held-out problems drawn
+  # apart from the reported ones) where greedy accuracy reaches this. None = train all sft_steps with cosine decay.
+  stop_at_accuracy: float | None = None
+  rope_scaling: tuple | None = None  # llama3 frequency scaling as (key, value) pairs, exercised by pair2
 
   def model_config(self) -> ModelConfig:
     return ModelConfig(model_type=self.model_type, vocab_size=VOCAB_SIZE, hidden_size=self.hidden_size,
                        intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
                        num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
                        head_dim=self.head_dim, tie_word_embeddings=self.tie_word_embeddings,
-                       rope_theta=10000.0, max_position_embeddings=256, eos_token_id=(1,), pad_token_id=0,
-                       bos_token_id=None)
+                       rope_theta=10000.0, rope_scaling=self.rope_scaling, max_position_embeddings=256,
+                       eos_token_id=(1,), pad_token_id=0, bos_token_id=None)
 
+
+_LLAMA3_SCALING = (("factor", 4.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                   ("original_max_position_embeddings", 32), ("rope_type", "llama3"))
 
 PAIRS: dict[str, dict[str, ModelSpec]] = {
-    # Qwen3-style (QK-norm, tied embeddings, GQA 4:2).
+    # Qwen3-style: QK-norm, tied embeddings, GQA 4:2. Teacher/student size ratio ~2.6.
     "pair1": {
-        "teacher": ModelSpec("qwen3", 128, 4, 4, 2, 384, True, sft_steps=2500, learning_rate=3e-3,
+        "teacher": ModelSpec("qwen3", 128, 4, 4, 2, 384, True, sft_steps=2000, learning_rate=3e-3,
                              init_seed=1, data_seed=11),
-        "student": ModelSpec("qwen3", 96, 3, 3, 1, 256, True, sft_steps=600, learning_rate=3e-3,
-                             init_seed=2, data_seed=12),
+        "student": ModelSpec("qwen3", 96, 3, 3, 1, 256, True, sft_steps=1500, learning_rate=2e-3,
+                             init_seed=2, data_seed=12, stop_at_accuracy=0.3),
+    },
+    # Llama-style: untied embeddings, GQA 5:1 / 2:1, llama3 RoPE scaling. Size ratio ~6.
+    "pair2": {
+        "teacher": ModelSpec("llama", 160, 4, 5, 1, 448, False, sft_steps=2000, learning_rate=3e-3,
+                             init_seed=3, data_seed=13, rope_scaling=_LLAMA3_SCALING),
+        "student": ModelSpec("llama", 64, 4, 2, 1, 192, False, sft_steps=3000, learning_rate=2e-3,
+                             init_seed=4, data_seed=14, stop_at_accuracy=0.3, rope_scaling=_LLAMA3_SCALING),
+    },
+    # Qwen2-style: q/k/v biases, untied embeddings, wide and shallow teacher. Size ratio ~2.
+    "pair3": {
+        "teacher": ModelSpec("qwen2", 192, 3, 6, 2, 512, False, sft_steps=2000, learning_rate=3e-3,
+                             init_seed=5, data_seed=15),
+        "student": ModelSpec("qwen2", 128, 2, 4, 2, 384, False, sft_steps=1500, learning_rate=2e-3,
+                             init_seed=6, data_seed=16, stop_at_accuracy=0.3),
     },
 }
 
@@ -67,19 +88,29 @@ def build_model(spec: ModelSpec, tokenizer, task: ArithmeticTask, log=print) -> 
   """Initializes (seeded) and SFT-trains one model; returns it with its measured held-out accuracy."""
   config = spec.model_config()
   model = Decoder(config, rngs=nnx.Rngs(spec.init_seed))
+  max_prompt, max_response = task.max_prompt_chars() + 2, task.max_response_chars() + 1
+  graphdef, _ = nnx.split(model)
+  greedy = Sampler(graphdef, SamplingConfig(max_new_tokens=max_response, temperature=0.0, eos_ids=(1,), pad_id=0))
+  measure = lambda state, problems: evaluate(greedy, state, tokenizer, problems, max_prompt_tokens=max_prompt,
+                                             batch_size=128, key=jax.random.key(0))["accuracy"]
+  stop_problems = task.problems("heldout", 256, seed=1)  # early stopping never sees the reported problems
+
+  def early_stop(step, state):
+    accuracy = measure(state, stop_problems)
+    log(f"  step {step}: early-stop check accuracy {accuracy:.3f}")
+    return accuracy >= spec.stop_at_accuracy
+
   start = time.time()
   sft = SFTConfig(steps=spec.sft_steps, learning_rate=spec.learning_rate, seed=spec.data_seed,
-                  max_prompt_tokens=task.max_prompt_chars() + 2, max_response_tokens=task.max_response_chars() + 1)
-  train_sft(model, tokenizer, task, sft, log=lambda step, loss, sps: log(f"  step {step}: loss {loss:.4f} "
-                                                                        f"({sps:.2f} s/step)"))
+                  end_lr_fraction=0.1 if spec.stop_at_accuracy is None else 1.0,
+                  max_prompt_tokens=max_prompt, max_response_tokens=max_response)
+  steps = train_sft(model, tokenizer, task, sft,
+                    log=lambda step, loss, sps: log(f"  step {step}: loss {loss:.4f} ({sps:.2f} s/step)"),
+                    evaluate=early_stop if spec.stop_at_accuracy is not None else None, eval_every=50)
   seconds = time.time() - start
-  graphdef, state = nnx.split(model)
-  sampler = Sampler(graphdef, SamplingConfig(max_new_tokens=task.max_response_chars() + 1, temperature=0.0,
-                                             eos_ids=(1,), pad_id=0))
-  result = evaluate(sampler, state, tokenizer, task.problems("heldout", EVAL_PROBLEMS, seed=0),
-                    max_prompt_tokens=sft.max_prompt_tokens, batch_size=128, key=jax.random.key(0))
-  info = {"params": config.num_params(), "sft_steps": spec.sft_steps, "train_seconds": round(seconds, 1),
-          "heldout_greedy_accuracy": result["accuracy"], "heldout_problems": EVAL_PROBLEMS}
+  accuracy = measure(nnx.state(model), task.problems("heldout", EVAL_PROBLEMS, seed=0))
+  info = {"params": config.num_params(), "sft_steps": steps, "train_seconds": round(seconds, 1),
+          "heldout_greedy_accuracy": accuracy, "heldout_problems": EVAL_PROBLEMS}
   return model, info
 
 

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import Sampler
-from opd_jax.train.step import RolloutBatch, score
+from opd_jax.objectives.logprobs import score
+from opd_jax.train.step import RolloutBatch
 
 
 @dataclasses.dataclass

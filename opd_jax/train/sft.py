@@ -27,6 +27,7 @@ class SFTConfig:
   batch_size: int = 64
   learning_rate: float = 3e-3
   warmup_steps: int = 100
+  end_lr_fraction: float = 0.1  # cosine decay to this fraction of the peak; 1.0 = constant after warmup
   weight_decay: float = 0.01
   grad_clip_norm: float = 1.0
   seed: int = 0  # data order
@@ -43,15 +44,15 @@ def sft_loss(params, graphdef, prompt_BxP, prompt_valid_BxP, response_BxR, mask_
 
 def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
               log: Callable[[int, float, float], None] | None = None,
-              evaluate: Callable[[int, nnx.State], None] | None = None, eval_every: int = 0):
-  """Trains `model` in place on task solutions; returns it.
+              evaluate: Callable[[int, nnx.State], bool] | None = None, eval_every: int = 0) -> int:
+  """Trains `model` in place on task solutions; returns the number of steps taken.
 
-  log(step, mean loss, seconds per step) every 100 steps; evaluate(step, full model state) every
-  `eval_every` steps when given.
+  log(step, mean loss, seconds per step) every 100 steps; evaluate(step, model state) every `eval_every` steps
+  when given -- returning True stops training there (early stopping at a target accuracy).
   """
   graphdef, params = nnx.split(model)
   schedule = make_schedule(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-                           total_steps=config.steps)
+                           total_steps=config.steps, end_lr_fraction=config.end_lr_fraction)
   optimizer = make_optimizer(schedule, weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
   opt_state = optimizer.init(params)
 
@@ -74,6 +75,7 @@ def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
       losses = []
     if evaluate is not None and eval_every and (i + 1) % eval_every == 0:
       nnx.update(model, params)
-      evaluate(i + 1, nnx.state(model))
+      if evaluate(i + 1, nnx.state(model)):
+        return i + 1
   nnx.update(model, params)
-  return model
+  return config.steps

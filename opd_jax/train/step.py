@@ -49,15 +49,6 @@ class RolloutBatch:
   snapshot_logp_BxR: jax.Array | None = None
 
 
-def score(graphdef, state, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR, temperature: float,
-          return_logits: bool):
-  """Teacher-forced log-probs of the response tokens (and the logits when asked)."""
-  model = nnx.merge(graphdef, state)
-  logits_BxRxV = response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR)
-  logp_BxR = token_logprobs(logits_BxRxV, response_BxR, temperature) * mask_BxR
-  return logp_BxR, (logits_BxRxV if return_logits else None)
-
-
 def _prefixed(prefix: str, metrics: dict) -> dict:
   return {f"{prefix}/{k}": v for k, v in metrics.items()}
 

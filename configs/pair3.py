@@ -1,0 +1,25 @@
+"""Pair 3 (Qwen2-style, embedded): OPD of the pair3 student from the pair3 teacher on the arithmetic task.
+
+Run (about 8 minutes on 2 CPU cores; README lists the measured before/after accuracy):
+  python launch/train.py --config=configs/pair3.py --workdir=runs/pair3
+Smoke run (seconds):   --config=configs/pair3.py:runlocal
+Sensitivity recipe:    --config=configs/pair3.py:recipe=runs/sensitivity_pair3/recipe_fp8.json
+Mismatch knobs:        --config.rollout.weights=fp8 --config.rollout.kv_cache=fp8 --config.rollout.staleness_steps=2
+Real checkpoints:      --config.teacher=/ckpt/Qwen2.5-7B-Instruct --config.student=/ckpt/Qwen2.5-1.5B-Instruct
+                       --config.teacher_dtype=bfloat16 --config.data.source=jsonl
+                       --config.data.train_file=gsm8k_train.jsonl --config.data.heldout_file=gsm8k_test.jsonl
+                       --config.data.use_chat_template=True --config.data.max_prompt_tokens=256
+                       --config.rollout.max_new_tokens=512 --config.train.vocab_metrics_top_k=64
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for configs.common
+
+from configs import common  # noqa: E402
+
+
+def get_config(arg=None):
+  """arg: 'runlocal' and/or 'recipe=PATH' (see configs.common.pair_config)."""
+  return common.pair_config("pair3", arg)

@@ -1,0 +1,42 @@
+"""Budget calibration from sweep results:
+
+  python launch/calibrate.py --results=DIR/results.jsonl --out=budget.json [--tolerance=0.02] [--relative]
+
+Fits quality loss vs mismatch (k3 primary; k1, tv, mult_prob_error reported too), per pair and pooled, with
+bootstrap intervals, and says how far the per-pair budgets differ (does one budget transfer across pairs?).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_RESULTS = flags.DEFINE_multi_string("results", None, "One or more sweep results.jsonl files.")
+_OUT = flags.DEFINE_string("out", "budget.json", "Budget file to write.")
+_TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Allowed quality loss: accuracy points (0..1), or a fraction "
+                                "of the baseline accuracy with --relative.")
+_RELATIVE = flags.DEFINE_bool("relative", False, "Tolerance relative to the baseline accuracy.")
+_HOLDOUT = flags.DEFINE_string("holdout", "", "Point names excluded from calibration (comma-separated), "
+                               "kept for validating the admission check.")
+
+
+def run():
+  from opd_jax.analysis import calibrate_report
+  holdout = [p for p in _HOLDOUT.value.split(",") if p]
+  calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
+                       holdout=holdout)
+
+
+def main(argv):
+  del argv
+  _cli.quiet_logs()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["results"])
+  app.run(main)

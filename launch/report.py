@@ -1,0 +1,57 @@
+"""Report: python launch/report.py --results=DIR/results.jsonl [--results=...] --budget=budget.json --out=report/
+    [--sensitivity=runs/sensitivity_pair1/sensitivity_fp8_e4m3.json ...] [--prefix_shift=.../prefix_shift.json]
+    [--validation=validation.json]
+
+Writes PNG plots and out/report.html (self-contained). With --validate, first runs the admission-check
+validation (held-out sweep points) and writes out/validation.json.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_RESULTS = flags.DEFINE_multi_string("results", [], "Sweep results.jsonl files.")
+_BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py.")
+_SENSITIVITY = flags.DEFINE_multi_string("sensitivity", [], "sensitivity_*.json from launch/sensitivity.py.")
+_PREFIX = flags.DEFINE_string("prefix_shift", None, "prefix_shift.json from launch/prefix_shift.py.")
+_VALIDATION = flags.DEFINE_string("validation", None, "validation.json (existing, or written by --validate).")
+_VALIDATE = flags.DEFINE_bool("validate", False, "Run the admission validation first.")
+_HOLDOUT = flags.DEFINE_float("holdout_fraction", 0.3, "Share of sweep points held out for validation.")
+_TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
+_PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
+_OUT = flags.DEFINE_string("out", "report", "Output directory.")
+
+
+def run():
+  from opd_jax.analysis import report
+  validation = _VALIDATION.value
+  if _VALIDATE.value:
+    from configs import common
+    from opd_jax.analysis.calibrate_report import load_rows
+    from opd_jax.analysis.files import write_json
+    from opd_jax.analysis.validation import validate
+    result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
+                      holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
+                      num_prompts=_PROMPTS.value)
+    os.makedirs(_OUT.value, exist_ok=True)
+    validation = validation or os.path.join(_OUT.value, "validation.json")
+    write_json(validation, result)
+    print(f"admission agrees with the real run on {result['agreement']:.0%} of {len(result['rows'])} held-out points")
+  path = report.build(_RESULTS.value, _OUT.value, budget=_BUDGET.value, sensitivity=_SENSITIVITY.value,
+                      prefix_shift=_PREFIX.value, validation=validation)
+  print(f"wrote {path}")
+
+
+def main(argv):
+  del argv
+  _cli.log_devices()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  app.run(main)

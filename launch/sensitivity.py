@@ -1,0 +1,44 @@
+"""Per-layer / per-module quantization sensitivity and a model-specific recipe.
+
+  python launch/sensitivity.py --config=configs/pair1.py --weights=fp8 [--target_k3=X] [--out=DIR]
+
+Prints a ranked table, writes DIR/sensitivity_<weights>.json, DIR/sensitivity_<weights>.png and
+DIR/recipe_<weights>.json; the recipe is used with --config=configs/pair1.py:recipe=DIR/recipe_<weights>.json.
+No training: a calibration batch of held-out prompts only.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
+_WEIGHTS = flags.DEFINE_string("weights", "fp8", "Precision to scan: int8 | fp8 | fp8_e5m2 | bf16.")
+_PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts (held-out split).")
+_TARGET = flags.DEFINE_float("target_k3", -1.0, "Recipe target k3; <0 = half the all-quantized k3.")
+_OUT = flags.DEFINE_string("out", None, "Output dir (default runs/sensitivity_<pair>).")
+_SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
+
+
+def run():
+  from opd_jax.analysis import sensitivity_report
+  config = _CONFIG.value
+  out = _OUT.value or os.path.join("runs", f"sensitivity_{config.pair}")
+  sensitivity_report.run(config, _WEIGHTS.value, out, num_prompts=_PROMPTS.value, target_k3=_TARGET.value,
+                         seed=_SEED.value)
+
+
+def main(argv):
+  del argv
+  _cli.log_devices()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

@@ -1,0 +1,44 @@
+"""Resumable sweep of short OPD runs: python launch/sweep.py --config=configs/sweeps/<name>.py --workdir=DIR
+
+Writes DIR/results.jsonl (one row per point) and DIR/runs/<pair>/<point>/ (each run's metrics and checkpoints).
+Rerun the same command to continue: finished points are skipped, failed ones retried.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quantization.py.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory (default runs/sweep_<name>).")
+
+
+def run():
+  from configs import common
+  from opd_jax.analysis.sweep import run_sweep
+  from opd_jax.train.loop import train
+  sweep = _CONFIG.value
+  out = _WORKDIR.value or os.path.join("runs", f"sweep_{sweep.name}")
+  rows = run_sweep(sweep, out, lambda pair: common.pair_config(pair, None), train)
+  ok = [r for r in rows if r["status"] == "ok"]
+  print(f"{len(ok)}/{len(rows)} points ok -> {out}/results.jsonl")
+  for r in sorted(ok, key=lambda r: (r["pair"], r["mismatch"].get("mismatch/k3", 0.0))):
+    print(f"  {r['pair']:<6} {r['point']:<22} k3 {r['mismatch'].get('mismatch/k3', 0.0):9.3g}  "
+          f"final acc {r['final_accuracy']:.3f}  delta {r.get('delta_final_accuracy', float('nan')):+.3f}  "
+          f"{r['wall_seconds']:.0f} s")
+
+
+def main(argv):
+  del argv
+  _cli.log_devices()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

@@ -1,0 +1,106 @@
+"""Mismatch budget: how much sampler-learner mismatch OPD tolerates, calibrated from sweep runs.
+
+Each sweep point gives (mismatch m, quality loss q): m is a run-averaged metric on one scale (k3 by default;
+k1 uses |k1| and mult_prob_error uses mult_prob_error - 1 so that 0 means no mismatch), q is the drop in
+final held-out accuracy against the pair's baseline run (accuracy points, 0..1; negative = better).
+
+Fit: a hinge in log-mismatch, q(m) = b * max(0, log10(m / m0)): no loss below a knee m0, then a loss that
+grows b per decade. m0 is chosen on a grid over the observed mismatches and b >= 0 by least squares.
+Budget: the largest m with q(m) <= tolerance, m0 * 10^(tolerance / b) (tolerance absolute, or relative to the
+baseline's accuracy). A 90% interval comes from refitting on bootstrap resamples of the points. When no point
+loses quality (b = 0) the budget is the largest mismatch observed: nothing beyond it was tested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+SCALES = {"k3": lambda m: m["mismatch/k3"], "k1": lambda m: abs(m["mismatch/k1"]), "tv": lambda m: m["mismatch/tv"],
+          "mult_prob_error": lambda m: m["mismatch/mult_prob_error"] - 1.0}
+_FLOOR = 1e-12  # mismatch values below this are treated as exactly zero
+
+
+@dataclasses.dataclass(frozen=True)
+class HingeFit:
+  knee: float  # m0
+  slope: float  # b: quality loss per decade of mismatch above the knee
+  r2: float
+  n: int
+
+  def predict(self, m: np.ndarray) -> np.ndarray:
+    m = np.maximum(np.asarray(m, float), _FLOOR)
+    return self.slope * np.maximum(0.0, np.log10(m / self.knee))
+
+  def budget(self, tolerance: float, max_observed: float) -> float:
+    if self.slope <= 0:
+      return max_observed
+    return self.knee * 10 ** (tolerance / self.slope)
+
+
+def fit_hinge(m: np.ndarray, q: np.ndarray) -> HingeFit:
+  m = np.maximum(np.asarray(m, float), _FLOOR)
+  q = np.asarray(q, float)
+  positive = m[m > _FLOOR]
+  if positive.size == 0:
+    return HingeFit(knee=_FLOOR, slope=0.0, r2=0.0, n=len(m))
+  candidates = np.unique(np.concatenate([positive, np.geomspace(positive.min(), positive.max(), 25)]))
+  best = None
+  for knee in candidates:
+    x = np.maximum(0.0, np.log10(m / knee))
+    slope = max(0.0, float(x @ q / (x @ x))) if x @ x > 0 else 0.0
+    sse = float(np.sum((q - slope * x) ** 2))
+    if best is None or sse < best[0] - 1e-15:
+      best = (sse, knee, slope)
+  sse, knee, slope = best
+  total = float(np.sum((q - q.mean()) ** 2))
+  return HingeFit(knee=float(knee), slope=slope, r2=1 - sse / total if total > 0 else 0.0, n=len(m))
+
+
+def quality_losses(rows: list[dict], tolerance: float, relative: bool) -> tuple[np.ndarray, float]:
+  """(quality loss per row, absolute tolerance in accuracy points)."""
+  q = np.array([-r["delta_final_accuracy"] for r in rows])
+  if relative:
+    baseline = np.mean([r["final_accuracy"] - r["delta_final_accuracy"] for r in rows])
+    return q, tolerance * baseline
+  return q, tolerance
+
+
+def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, relative: bool = False,
+              bootstrap: int = 1000, seed: int = 0) -> dict:
+  """Budget on one scale from sweep rows (status ok, with deltas). Returns a JSON-ready dict."""
+  rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
+  if len(rows) < 3:
+    raise ValueError(f"budget calibration needs >= 3 finished sweep points with a baseline, got {len(rows)}")
+  if scale not in SCALES:
+    raise ValueError(f"scale {scale!r} is not one of {sorted(SCALES)}")
+  m = np.array([SCALES[scale](r["mismatch"]) for r in rows])
+  q, tol = quality_losses(rows, tolerance, relative)
+  fit = fit_hinge(m, q)
+  budget = fit.budget(tol, float(m.max()))
+  rng = np.random.default_rng(seed)
+  samples = []
+  for _ in range(bootstrap):
+    idx = rng.integers(0, len(m), len(m))
+    samples.append(fit_hinge(m[idx], q[idx]).budget(tol, float(m[idx].max())))
+  samples = np.array(samples)
+  return {"scale": scale, "tolerance": tolerance, "tolerance_relative": relative, "tolerance_abs": tol,
+          "budget": budget, "interval": [float(np.percentile(samples, 5)), float(np.percentile(samples, 95))],
+          "bootstrap_budgets": np.sort(samples).tolist(),
+          "fit": {"model": "q = slope * max(0, log10(m / knee))", "knee": fit.knee, "slope": fit.slope,
+                  "r2": fit.r2, "n": fit.n},
+          "bounded": fit.slope > 0,
+          "points": [{"pair": r["pair"], "point": r["point"], "mismatch": float(mi), "quality_loss": float(qi)}
+                     for r, mi, qi in zip(rows, m, q)]}
+
+
+def verdict(measured: float, budget: dict) -> dict:
+  """ADMIT when the measured mismatch is within the budget; confidence = share of bootstrap budgets that agree."""
+  samples = np.asarray(budget["bootstrap_budgets"])
+  admit = measured <= budget["budget"]
+  agree = float(np.mean(samples >= measured)) if admit else float(np.mean(samples < measured))
+  margin = (budget["budget"] - measured) / budget["budget"] if budget["budget"] > 0 else -math.inf
+  return {"admit": bool(admit), "measured": float(measured), "budget": budget["budget"],
+          "interval": budget["interval"], "margin": float(margin), "confidence": agree}

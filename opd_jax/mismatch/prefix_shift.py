@@ -1,0 +1,116 @@
+"""Prefix-shift analysis: the two ways sampler weight noise hurts OPD, and what per-token IS can repair.
+
+Legend: B batch, R response length, V vocab. pi = clean learner, mu = noisy sampler, pi_T = teacher.
+
+For a noise level sigma, with common random numbers (the same key for the clean and the noisy sampler):
+
+(a) Per-token mismatch on the same prefixes: rollouts from the clean sampler, scored under clean and noisy
+    weights -> `same_prefix_k3` (token_metrics k3 with mu = noisy, on tokens the clean sampler chose).
+(b) Prefix shift: rollouts from the noisy sampler vs the clean one. At each prefix h the OPD target is the exact
+    per-prefix reverse KL D(h) = KL(pi(.|h) || pi_T(.|h)), which does not depend on the token drawn at h.
+    `prefix_kl_clean` = mean of D over prefixes the clean sampler reaches (what OPD should estimate);
+    `prefix_kl_noisy` = mean of D over prefixes the noisy sampler reaches. Their difference is the prefix shift.
+    Also: grader accuracy and response length of each, the first position where the two samples differ, and the
+    teacher log-prob of sampled tokens along the response.
+(c) What TIS repairs: the sampled-token OPD estimate on noisy rollouts, k1 = mean_t log pi(a_t)/pi_T(a_t),
+    estimates the wrong thing at each prefix because a_t ~ mu, not pi. `k1_naive_error` is its gap to
+    `prefix_kl_noisy` (the exact value on the same prefixes) and `k1_tis_error` the gap after truncated
+    importance weights min(pi/mu, C) (self-normalized). TIS shrinks the per-token error; the remaining
+    distance to `prefix_kl_clean`, the prefix shift, no per-token weight can remove.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from opd_jax.data.batching import decode_responses
+from opd_jax.data.grader import is_correct
+from opd_jax.mismatch.calibration import Calibration
+from opd_jax.mismatch.metrics import token_metrics
+from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+
+
+def _masked_mean(x_BxR, mask_BxR) -> float:
+  return float(jnp.sum(x_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0))
+
+
+def _rollout_stats(cal: Calibration, out, is_cap: float) -> dict:
+  """Graded quality and the OPD quantities of one rollout batch, scored by the clean learner and the teacher."""
+  mask = out.mask_BxN
+  learner_logits = cal.learner_logits(out)
+  learner_logp_all = jax.nn.log_softmax(learner_logits, -1)
+  learner_logp = jnp.take_along_axis(learner_logp_all, out.tokens_BxN[..., None], -1)[..., 0] * mask
+  teacher_logp = cal.teacher_logp(out)
+  teacher_logp_all = jax.nn.log_softmax(cal.teacher_logits(out), -1)
+  prefix_kl_BxR = jnp.sum(jnp.exp(learner_logp_all) * (learner_logp_all - teacher_logp_all), -1)
+  log_advantage = learner_logp - teacher_logp  # per-token k1 of KL(pi || pi_T)
+  ratio = jnp.exp(jnp.clip(learner_logp - out.logprobs_BxN, -20, 20))
+  w = jnp.minimum(ratio, is_cap) * mask
+  texts = decode_responses(cal.tokenizer, *jax.device_get((out.tokens_BxN, mask)))
+  return {
+      "accuracy": float(np.mean([is_correct(t, p.answer) for t, p in zip(texts, cal.problems)])),
+      "response_tokens": float(jnp.mean(jnp.sum(mask, 1))),
+      "prefix_kl": _masked_mean(prefix_kl_BxR, mask),
+      "k1_naive": _masked_mean(log_advantage, mask),
+      "k1_tis": float(jnp.sum(w * log_advantage) / jnp.maximum(jnp.sum(w), 1e-9)),
+      "teacher_logp": _masked_mean(teacher_logp, mask),
+      "teacher_logp_by_position": [_masked_mean(teacher_logp[:, s], mask[:, s]) for s in _position_buckets(mask)],
+  }
+
+
+def _position_buckets(mask) -> list[slice]:
+  n = mask.shape[1]
+  edges = [0, n // 4, n // 2, 3 * n // 4, n]
+  return [slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def _first_divergence(a_BxR, b_BxR, mask_a, mask_b) -> np.ndarray:
+  """Per row: first position where the two responses differ (their common length when one is a prefix)."""
+  a, b = np.asarray(a_BxR), np.asarray(b_BxR)
+  differs = (a != b) | (np.asarray(mask_a) != np.asarray(mask_b))
+  first = np.where(differs.any(1), differs.argmax(1), np.asarray(mask_a).sum(1))
+  return first
+
+
+def analyze(cal: Calibration, rollout: RolloutConfig, sigma: float, seed: int = 0) -> dict:
+  """All quantities of the module docstring for one noise level (noise in the sampler only)."""
+  key = jax.random.key(seed)
+  clean_rollout = dataclasses.replace(rollout, noise_sigma=0.0)
+  noisy_rollout = dataclasses.replace(rollout, noise_sigma=sigma)
+  noisy_state = build_sampler_state(cal.params, noisy_rollout, jnp.int32(0))
+  clean_out = cal.sample(clean_rollout, cal.params, key)
+  noisy_out = cal.sample(noisy_rollout, noisy_state, key)
+  # (a) same prefixes: noisy weights teacher-forced on the clean sampler's tokens.
+  noisy_logits_on_clean = cal.learner_logits(clean_out, params=noisy_state)
+  noisy_logp_on_clean = jnp.take_along_axis(jax.nn.log_softmax(noisy_logits_on_clean, -1),
+                                            clean_out.tokens_BxN[..., None], -1)[..., 0] * clean_out.mask_BxN
+  same_prefix = token_metrics(clean_out.logprobs_BxN, noisy_logp_on_clean, clean_out.mask_BxN, cal.is_cap)
+  clean = _rollout_stats(cal, clean_out, cal.is_cap)
+  noisy = _rollout_stats(cal, noisy_out, cal.is_cap)
+  noisy_own = cal.measure(noisy_rollout, key)  # the sampler's own tokens, as in training
+  first = _first_divergence(clean_out.tokens_BxN, noisy_out.tokens_BxN, clean_out.mask_BxN, noisy_out.mask_BxN)
+  return {
+      "sigma": sigma,
+      "same_prefix_k3": float(same_prefix["k3"]),
+      "own_tokens_k3": noisy_own["k3"],
+      "prefix_kl_clean": clean["prefix_kl"],
+      "prefix_kl_noisy": noisy["prefix_kl"],
+      "prefix_shift": noisy["prefix_kl"] - clean["prefix_kl"],
+      "k1_naive_error": noisy["k1_naive"] - noisy["prefix_kl"],
+      "k1_tis_error": noisy["k1_tis"] - noisy["prefix_kl"],
+      "accuracy_clean": clean["accuracy"],
+      "accuracy_noisy": noisy["accuracy"],
+      "response_tokens_clean": clean["response_tokens"],
+      "response_tokens_noisy": noisy["response_tokens"],
+      "first_divergence_mean": float(first.mean()),
+      "first_divergence_median": float(np.median(first)),
+      "identical_responses": float(np.mean(first >= np.asarray(clean_out.mask_BxN).sum(1))),
+      "teacher_logp_clean": clean["teacher_logp"],
+      "teacher_logp_noisy": noisy["teacher_logp"],
+      "teacher_logp_by_position_clean": clean["teacher_logp_by_position"],
+      "teacher_logp_by_position_noisy": noisy["teacher_logp_by_position"],
+  }

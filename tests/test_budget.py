@@ -1,0 +1,131 @@
+"""Budget fitting and verdicts, sweep bookkeeping (resume, failures, deltas) and the report, on synthetic data."""
+
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from opd_jax.analysis import report
+from opd_jax.analysis.calibrate_report import build_budget
+from opd_jax.analysis.files import read_jsonl
+from opd_jax.analysis.sweep import fill_deltas, run_sweep
+from opd_jax.analysis.validation import is_held_out
+from opd_jax.mismatch import budget as budget_lib
+
+
+def test_hinge_fit_recovers_knee_and_slope():
+  m = np.geomspace(1e-5, 1e-1, 17)
+  q = 0.05 * np.maximum(0, np.log10(m / 1e-3))
+  fit = budget_lib.fit_hinge(m, q)
+  assert fit.knee == pytest.approx(1e-3, rel=0.2) and fit.slope == pytest.approx(0.05, rel=0.05) and fit.r2 > 0.99
+  assert fit.budget(0.02, m.max()) == pytest.approx(1e-3 * 10 ** 0.4, rel=0.25)
+
+
+def test_no_observed_loss_gives_the_largest_tested_mismatch():
+  m = np.array([1e-5, 1e-4, 1e-3])
+  fit = budget_lib.fit_hinge(m, np.array([0.0, -0.01, 0.0]))
+  assert fit.slope == 0 and fit.budget(0.02, 1e-3) == 1e-3
+
+
+def _rows(seed=0, pair="pair1"):
+  rng = np.random.default_rng(seed)
+  rows = [{"pair": pair, "point": "baseline", "status": "ok", "final_accuracy": 0.8, "best_accuracy": 0.8,
+           "mismatch": {"mismatch/k3": 0.0, "mismatch/k1": 0.0, "mismatch/tv": 0.0, "mismatch/mult_prob_error": 1.0},
+           "rollout": {}, "overrides": {}, "wall_seconds": 1.0}]
+  for i, k3 in enumerate(np.geomspace(1e-5, 3e-1, 12)):
+    loss = 0.06 * max(0.0, np.log10(k3 / 2e-3)) + rng.normal(0, 0.003)
+    rows.append({"pair": pair, "point": f"noise_{i}", "status": "ok", "final_accuracy": 0.8 - loss,
+                 "best_accuracy": 0.8 - loss, "rollout": {"noise_sigma": float(k3)}, "overrides": {},
+                 "mismatch": {"mismatch/k3": float(k3), "mismatch/k1": float(-k3), "mismatch/tv": float(np.sqrt(k3)),
+                              "mismatch/mult_prob_error": float(1 + np.sqrt(k3))}, "wall_seconds": 1.0})
+  return fill_deltas(rows)
+
+
+def test_calibrate_and_verdict():
+  result = budget_lib.calibrate(_rows(), tolerance=0.03, bootstrap=200)
+  assert result["bounded"] and 2e-3 < result["budget"] < 2e-2
+  lo, hi = result["interval"]
+  assert lo <= result["budget"] <= hi
+  inside = budget_lib.verdict(result["budget"] / 10, result)
+  outside = budget_lib.verdict(result["budget"] * 10, result)
+  assert inside["admit"] and inside["margin"] == pytest.approx(0.9) and inside["confidence"] > 0.9
+  assert not outside["admit"] and outside["confidence"] > 0.9
+  with pytest.raises(ValueError, match=">= 3 finished"):
+    budget_lib.calibrate(_rows()[:2])
+
+
+def test_budget_file_has_pairs_pooled_and_transfer():
+  budget = build_budget(_rows(0, "pair1") + _rows(1, "pair2"), tolerance=0.03, relative=False)
+  assert set(budget["budgets"]) == {"pair1", "pair2", "pooled"}
+  assert set(budget["other_scales"]["pooled"]) == {"k1", "tv", "mult_prob_error"}
+  assert budget["transfer"]["max_over_min"] >= 1.0
+
+
+def _sweep():
+  c = ml_collections.ConfigDict()
+  c.name = "toy"
+  c.pairs = ("pair1",)
+  c.base_overrides = (("train.steps", 3),)
+  c.points = (("baseline", ()), ("bad", (("rollout.noise_sigma", -1.0),)), ("fp8", (("rollout.weights", "fp8"),)))
+  return c
+
+
+def _fake_pair_config(pair):
+  config = ml_collections.ConfigDict({"pair": pair, "train": {"steps": 10, "progress_bar": True, "resume": False,
+                                                              "mode": "sync"},
+                                      "rollout": {"weights": "none", "noise_sigma": 0.0}})
+  return config
+
+
+def _fake_train(calls):
+  def train(config, workdir):
+    calls.append(workdir)
+    if config.rollout.noise_sigma < 0:
+      raise ValueError("rollout.noise_sigma must be >= 0")
+    os.makedirs(workdir, exist_ok=True)
+    acc = 0.5 if config.rollout.weights == "none" else 0.45
+    rows = [{"step": 0, "eval/accuracy": 0.3}, {"step": 3, "loss": 1.0, "mismatch/k3": 0.01 * (acc < 0.5)},
+            {"step": 3, "eval/accuracy": acc}]
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+  return train
+
+
+def test_sweep_records_failures_and_resumes(tmp_path):
+  calls = []
+  rows = run_sweep(_sweep(), str(tmp_path), _fake_pair_config, _fake_train(calls), log=lambda *_: None)
+  by_point = {r["point"]: r for r in rows}
+  assert by_point["bad"]["status"] == "failed" and "noise_sigma" in by_point["bad"]["error"]
+  assert by_point["fp8"]["delta_final_accuracy"] == pytest.approx(-0.05)
+  assert by_point["fp8"]["rollout"]["weights"] == "fp8" and by_point["fp8"]["mismatch"]["mismatch/k3"] == 0.01
+  assert len(calls) == 3
+  rows = run_sweep(_sweep(), str(tmp_path), _fake_pair_config, _fake_train(calls), log=lambda *_: None)
+  assert len(calls) == 4  # only the failed point ran again
+  assert len(read_jsonl(os.path.join(tmp_path, "results.jsonl"))) == 4
+  with pytest.raises(ValueError, match="needs a point named 'baseline'"):
+    bad = _sweep()
+    bad.points = (("fp8", ()),)
+    run_sweep(bad, str(tmp_path / "x"), _fake_pair_config, _fake_train([]))
+
+
+def test_holdout_is_stable_and_excludes_baselines():
+  assert not is_held_out("pair1", "baseline", 1.0)
+  picks = [is_held_out("pair1", f"p{i}", 0.3) for i in range(200)]
+  assert 0.2 < np.mean(picks) < 0.4 and picks == [is_held_out("pair1", f"p{i}", 0.3) for i in range(200)]
+
+
+def test_report_renders_every_given_section(tmp_path):
+  results = tmp_path / "results.jsonl"
+  results.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+  budget = build_budget(_rows(), tolerance=0.03, relative=False)
+  (tmp_path / "budget.json").write_text(json.dumps(budget))
+  path = report.build([str(results)], str(tmp_path / "report"), budget=str(tmp_path / "budget.json"))
+  page = open(path).read()
+  assert page.count("data:image/png;base64") == 3
+  for section in ("Quality vs mismatch", "Budget", "KV-cache capacity", "Not included"):
+    assert section in page
+  assert "Qwen3-8B" in page
+  with pytest.raises(ValueError, match="does not exist"):
+    report.build([str(tmp_path / "missing.jsonl")], str(tmp_path / "r2"))

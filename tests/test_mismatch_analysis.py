@@ -1,0 +1,62 @@
+"""Sensitivity scan, recipe fitting and prefix-shift analysis on a tiny random pair."""
+
+import dataclasses
+
+import jax
+import pytest
+
+from configs import common
+from opd_jax.mismatch.calibration import Calibration
+from opd_jax.mismatch.prefix_shift import analyze
+from opd_jax.mismatch.sensitivity import fit_recipe, scan
+from opd_jax.rollout.config import RolloutConfig
+
+
+@pytest.fixture(scope="module")
+def cal(tiny_pair):
+  config = common.base_config("tiny")
+  config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
+  config.rollout.max_new_tokens = 12
+  return Calibration.from_config(config, num_prompts=16)
+
+
+def test_scan_covers_every_group_and_ranks(cal):
+  rows = scan(cal, "fp8", RolloutConfig(max_new_tokens=12))
+  names = {r["name"] for r in rows}
+  assert {"layer 0", "layer 1", "q_proj", "down_proj", "embed"} <= names and "lm_head" not in names  # tied
+  assert [r["k3"] for r in rows] == sorted((r["k3"] for r in rows), reverse=True)
+  assert all(r["k3"] >= 0 for r in rows) and rows[0]["k3"] > 0
+
+
+def test_fit_recipe_keeps_layers_until_target(cal):
+  rollout = RolloutConfig(max_new_tokens=12)
+  rows = scan(cal, "fp8", rollout)
+  everything = fit_recipe(cal, "fp8", rollout, rows, target_k3=float("inf"))
+  assert everything["kept_bf16"] == [] and everything["k3"] > 0
+  strict = fit_recipe(cal, "fp8", rollout, rows, target_k3=0.0)
+  assert len(strict["kept_bf16"]) == 2  # both layers had to stay in bf16
+  first_rule = strict["rules"][0]
+  assert first_rule[1] == "bf16" and first_rule[0] == [r for r in rows if r["kind"] == "layer"][0]["regex"]
+  RolloutConfig(weight_rules=tuple(tuple(r) for r in strict["rules"])).validate_for(cal.params)
+
+
+def test_recipe_file_round_trips_into_the_pair_config(cal, tmp_path):
+  import json
+  rules = [[r"^layers\.0\.", "bf16"], [r"mlp", "fp8_e4m3"]]
+  (tmp_path / "recipe.json").write_text(json.dumps({"rules": rules}))
+  config = common.pair_config("pair1", f"runlocal,recipe={tmp_path / 'recipe.json'}")
+  assert config.rollout.weight_rules == tuple(tuple(r) for r in rules) and config.train.steps == 6
+  with pytest.raises(ValueError, match="does not exist"):
+    common.pair_config("pair1", "recipe=/no/such.json")
+  with pytest.raises(ValueError, match="config argument 'fast' is unknown"):
+    common.pair_config("pair1", "fast")
+
+
+def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
+  rollout = RolloutConfig(max_new_tokens=12)
+  zero = analyze(cal, rollout, 0.0)
+  assert zero["identical_responses"] == 1.0 and abs(zero["prefix_shift"]) < 1e-6
+  assert zero["same_prefix_k3"] < 1e-9 and zero["k1_tis_error"] == pytest.approx(zero["k1_naive_error"], abs=1e-5)
+  noisy = analyze(cal, rollout, 0.3)
+  assert noisy["same_prefix_k3"] > 1e-4 and noisy["identical_responses"] < 1.0
+  assert noisy["first_divergence_mean"] < zero["first_divergence_mean"]
