@@ -13,7 +13,9 @@ on, and the next rerun retries it.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 import traceback
 from typing import Callable
@@ -91,6 +93,7 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
       config.train.resume = True  # a crashed point resumes from its last checkpoint on rerun
       row["rollout"] = {k: (list(map(list, v)) if k == "weight_rules" else v) for k, v in dict(config.rollout).items()}
       row["mode"] = config.train.mode
+      _discard_if_config_changed(workdir, config)
       train_fn(config, workdir)
       row.update(_summarize(workdir), status="ok")
     except Exception as e:  # recorded, not raised: one bad point must not stop the sweep
@@ -99,6 +102,17 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
     row["wall_seconds"] = time.time() - start
     append_jsonl(results_path, row)
   return fill_deltas(read_jsonl(results_path))
+
+
+def _discard_if_config_changed(workdir: str, config) -> None:
+  """A point's old run dir is resumed only if it ran the same config; otherwise it is removed."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    return
+  with open(path) as f:
+    old = json.load(f)
+  if old != json.loads(config.to_json()):
+    shutil.rmtree(workdir)
 
 
 def fill_deltas(rows: list[dict]) -> list[dict]:

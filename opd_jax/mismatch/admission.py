@@ -41,7 +41,7 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   versions = [cal.params]
   prompts = {"prompt_BxP": cal.prompt_BxP, "prompt_valid_BxP": cal.valid_BxP}
   for i in range(updates):
-    batch = producer.produce(i, i, state.params, prompts, lagged=False)
+    batch = producer.produce(i, i, state.params, prompts)
     state, _ = step(state, batch)
     versions.append(state.params)
   return versions

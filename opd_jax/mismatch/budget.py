@@ -7,8 +7,9 @@ final held-out accuracy against the pair's baseline run (accuracy points, 0..1; 
 Fit: a hinge in log-mismatch, q(m) = b * max(0, log10(m / m0)): no loss below a knee m0, then a loss that
 grows b per decade. m0 is chosen on a grid over the observed mismatches and b >= 0 by least squares.
 Budget: the largest m with q(m) <= tolerance, m0 * 10^(tolerance / b) (tolerance absolute, or relative to the
-baseline's accuracy). A 90% interval comes from refitting on bootstrap resamples of the points. When no point
-loses quality (b = 0) the budget is the largest mismatch observed: nothing beyond it was tested.
+baseline's accuracy), capped at the largest mismatch tested: nothing beyond it was observed, so when the fit
+predicts no loss beyond tolerance there (b = 0 included) the budget is that largest mismatch and
+`bounded` is False. A 90% interval comes from refitting on bootstrap resamples of the points.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class HingeFit:
     return self.slope * np.maximum(0.0, np.log10(m / self.knee))
 
   def budget(self, tolerance: float, max_observed: float) -> float:
-    if self.slope <= 0:
+    """Largest m with predicted loss <= tolerance, never beyond the largest mismatch tested."""
+    if self.slope <= 0 or max_observed <= self.knee or tolerance / self.slope >= math.log10(max_observed / self.knee):
       return max_observed
     return self.knee * 10 ** (tolerance / self.slope)
 
@@ -80,6 +82,7 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
   q, tol = quality_losses(rows, tolerance, relative)
   fit = fit_hinge(m, q)
   budget = fit.budget(tol, float(m.max()))
+  bounded = budget < float(m.max())
   rng = np.random.default_rng(seed)
   samples = []
   for _ in range(bootstrap):
@@ -91,7 +94,7 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
           "bootstrap_budgets": np.sort(samples).tolist(),
           "fit": {"model": "q = slope * max(0, log10(m / knee))", "knee": fit.knee, "slope": fit.slope,
                   "r2": fit.r2, "n": fit.n},
-          "bounded": fit.slope > 0,
+          "bounded": bounded,
           "points": [{"pair": r["pair"], "point": r["point"], "mismatch": float(mi), "quality_loss": float(qi)}
                      for r, mi, qi in zip(rows, m, q)]}
 

@@ -22,7 +22,7 @@ from opd_jax.mismatch.metrics import token_metrics, vocab_metrics_topk
 from opd_jax.models import load_pretrained, load_tokenizer
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
-from opd_jax.objectives.logprobs import score
+from opd_jax.objectives.logprobs import score, token_logprobs
 
 
 @dataclasses.dataclass
@@ -67,6 +67,11 @@ class Calibration:
     return jax.jit(functools.partial(score, self.teacher_graphdef, return_logits=True),
                    static_argnames="temperature")
 
+  def sampler_state(self, rollout: RolloutConfig, params=None):
+    """The sampler's weights for `rollout` (recipe and noise) from `params` (default: the pair's student)."""
+    params = self.params if params is None else params
+    return build_sampler_state(params, rollout, jnp.int32(0)) if rollout.changes_weights else params
+
   def sampler(self, rollout: RolloutConfig) -> Sampler:
     return _sampler(self.graphdef, rollout.sampling(eos_ids=self.eos_ids, pad_id=self.pad_id,
                                                     logits_top_k=self.vocab_size))
@@ -92,11 +97,10 @@ class Calibration:
     Returns token metrics (k3, k1, tv, mult_prob_error, ...) and `vocab/*` divergences, as floats.
     """
     base = self.params if sampler_params is None else sampler_params
-    state = base if rollout.is_exact else build_sampler_state(base, rollout, jnp.int32(0))
+    state = self.sampler_state(rollout, base)
     out = self.sample(rollout, state, key)
     logits = self.learner_logits(out, learner_params)
-    learner_logp = jnp.take_along_axis(jax.nn.log_softmax(logits / rollout.temperature, -1),
-                                       out.tokens_BxN[..., None], -1)[..., 0] * out.mask_BxN
+    learner_logp = token_logprobs(logits, out.tokens_BxN, rollout.temperature) * out.mask_BxN
     metrics = token_metrics(learner_logp, out.logprobs_BxN, out.mask_BxN, self.is_cap)
     metrics.update({f"vocab/{k}": v for k, v in vocab_metrics_topk(
         logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, out.mask_BxN).items()})

@@ -5,7 +5,8 @@ Legend: B batch, R response length, V vocab. pi = clean learner, mu = noisy samp
 For a noise level sigma, with common random numbers (the same key for the clean and the noisy sampler):
 
 (a) Per-token mismatch on the same prefixes: rollouts from the clean sampler, scored under clean and noisy
-    weights -> `same_prefix_k3` (token_metrics k3 with mu = noisy, on tokens the clean sampler chose).
+    weights -> `same_prefix_k3`, the k3 estimate of KL(clean || noisy) on the tokens the clean sampler chose.
+"Clean" is the configured sampler without noise (a weight recipe or KV dtype, if configured, is in both).
 (b) Prefix shift: rollouts from the noisy sampler vs the clean one. At each prefix h the OPD target is the exact
     per-prefix reverse KL D(h) = KL(pi(.|h) || pi_T(.|h)), which does not depend on the token drawn at h.
     `prefix_kl_clean` = mean of D over prefixes the clean sampler reaches (what OPD should estimate);
@@ -31,20 +32,21 @@ from opd_jax.data.batching import decode_responses
 from opd_jax.data.grader import is_correct
 from opd_jax.mismatch.calibration import Calibration
 from opd_jax.mismatch.metrics import token_metrics
-from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+from opd_jax.objectives.logprobs import token_logprobs
+from opd_jax.rollout.config import RolloutConfig
 
 
 def _masked_mean(x_BxR, mask_BxR) -> float:
   return float(jnp.sum(x_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0))
 
 
-def _rollout_stats(cal: Calibration, out, is_cap: float) -> dict:
+def _rollout_stats(cal: Calibration, out, is_cap: float, temperature: float) -> dict:
   """Graded quality and the OPD quantities of one rollout batch, scored by the clean learner and the teacher."""
   mask = out.mask_BxN
   learner_logits = cal.learner_logits(out)
   learner_logp_all = jax.nn.log_softmax(learner_logits, -1)
-  learner_logp = jnp.take_along_axis(learner_logp_all, out.tokens_BxN[..., None], -1)[..., 0] * mask
-  teacher_logp = cal.teacher_logp(out)
+  learner_logp = token_logprobs(learner_logits, out.tokens_BxN, temperature) * mask
+  teacher_logp = cal.teacher_logp(out, temperature)
   teacher_logp_all = jax.nn.log_softmax(cal.teacher_logits(out), -1)
   prefix_kl_BxR = jnp.sum(jnp.exp(learner_logp_all) * (learner_logp_all - teacher_logp_all), -1)
   log_advantage = learner_logp - teacher_logp  # per-token k1 of KL(pi || pi_T)
@@ -79,18 +81,20 @@ def _first_divergence(a_BxR, b_BxR, mask_a, mask_b) -> np.ndarray:
 def analyze(cal: Calibration, rollout: RolloutConfig, sigma: float, seed: int = 0) -> dict:
   """All quantities of the module docstring for one noise level (noise in the sampler only)."""
   key = jax.random.key(seed)
+  temperature = rollout.temperature
   clean_rollout = dataclasses.replace(rollout, noise_sigma=0.0)
   noisy_rollout = dataclasses.replace(rollout, noise_sigma=sigma)
-  noisy_state = build_sampler_state(cal.params, noisy_rollout, jnp.int32(0))
-  clean_out = cal.sample(clean_rollout, cal.params, key)
+  clean_state = cal.sampler_state(clean_rollout)
+  noisy_state = cal.sampler_state(noisy_rollout)
+  clean_out = cal.sample(clean_rollout, clean_state, key)
   noisy_out = cal.sample(noisy_rollout, noisy_state, key)
-  # (a) same prefixes: noisy weights teacher-forced on the clean sampler's tokens.
-  noisy_logits_on_clean = cal.learner_logits(clean_out, params=noisy_state)
-  noisy_logp_on_clean = jnp.take_along_axis(jax.nn.log_softmax(noisy_logits_on_clean, -1),
-                                            clean_out.tokens_BxN[..., None], -1)[..., 0] * clean_out.mask_BxN
-  same_prefix = token_metrics(clean_out.logprobs_BxN, noisy_logp_on_clean, clean_out.mask_BxN, cal.is_cap)
-  clean = _rollout_stats(cal, clean_out, cal.is_cap)
-  noisy = _rollout_stats(cal, noisy_out, cal.is_cap)
+  # (a) same prefixes: both weight sets teacher-forced on the clean sampler's tokens; tokens ~ clean, so the
+  # clean sampler takes token_metrics' sampler role and k3 estimates KL(clean || noisy).
+  on_clean = lambda state: token_logprobs(cal.learner_logits(clean_out, params=state), clean_out.tokens_BxN,
+                                          temperature) * clean_out.mask_BxN
+  same_prefix = token_metrics(on_clean(noisy_state), on_clean(clean_state), clean_out.mask_BxN, cal.is_cap)
+  clean = _rollout_stats(cal, clean_out, cal.is_cap, temperature)
+  noisy = _rollout_stats(cal, noisy_out, cal.is_cap, temperature)
   noisy_own = cal.measure(noisy_rollout, key)  # the sampler's own tokens, as in training
   first = _first_divergence(clean_out.tokens_BxN, noisy_out.tokens_BxN, clean_out.mask_BxN, noisy_out.mask_BxN)
   return {

@@ -135,7 +135,10 @@ class Decoder(nnx.Module):
     self.lm_head = None if config.tie_word_embeddings else Linear(
         config.hidden_size, config.vocab_size, use_bias=False, **kw)
 
-  def __call__(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None):
+  def __call__(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None,
+               logits_span: tuple[int, int] | None = None):
+    """logits_span=(start, stop): compute logits only for those positions (saves the [B, T, V] head when only
+    a few positions are needed, e.g. the last prompt token in prefill or the response in scoring)."""
     B, T = tokens_BxT.shape
     valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT.astype(bool)
     if positions_BxT is None:
@@ -161,6 +164,8 @@ class Decoder(nnx.Module):
       layer_cache = None if cache is None else cache.layers[i]
       x_BxTxD, layer_cache = layer(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache, cache_index)
       new_layers.append(layer_cache)
+    if logits_span is not None:
+      x_BxTxD = x_BxTxD[:, logits_span[0]:logits_span[1]]
     x_BxTxD = self.norm(x_BxTxD)
     head = self.embed_tokens.attend if self.lm_head is None else self.lm_head
     logits_BxTxV = head(x_BxTxD).astype(jnp.float32)

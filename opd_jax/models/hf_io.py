@@ -32,7 +32,7 @@ from opd_jax.models.decoder import Decoder
 
 SUPPORTED_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _INDEX_FILE = "model.safetensors.index.json"
-_IGNORABLE = re.compile(r"(.*rotary_emb\.inv_freq|lm_head\.weight)$")  # lm_head only when tied
+_IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")  # buffers some older checkpoints carry
 
 
 def canonical_dtype(dtype) -> str:
@@ -117,14 +117,14 @@ def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
       if array.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64):
         raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has dtype {array.dtype}; "
                               "expected a floating-point tensor")
-      array = array.T if transpose else array
-      value = jnp.asarray(array, dtype=param_dtype)
-      if sharding_for is not None:
-        value = jax.device_put(value, sharding_for(".".join(map(str, param_path)), expected))
+      array = np.ascontiguousarray(array.T if transpose else array).astype(jnp.dtype(param_dtype), copy=False)
+      target = sharding_for(".".join(map(str, param_path)), expected) if sharding_for is not None else None
+      value = jax.device_put(array, target)  # straight to its shards: never whole on one device first
       del array
       leaves[param_path] = value
       used.add(name)
-  unexpected = sorted(n for n in files if n not in used and not _IGNORABLE.match(n))
+  ignorable = lambda n: _IGNORABLE.match(n) or (n == "lm_head.weight" and config.tie_word_embeddings)
+  unexpected = sorted(n for n in files if n not in used and not ignorable(n))
   if unexpected:
     raise CheckpointError(f"checkpoint dir {path!r} has tensors config.json does not describe: "
                           f"{', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
@@ -190,10 +190,12 @@ def save_pretrained(model: Decoder, path: str, *, dtype=None, max_shard_bytes: i
     for file, source in (extra_files or {}).items():
       shutil.copyfile(source, os.path.join(tmp, file))
     os.makedirs(path, exist_ok=True)
-    for stale in os.listdir(path):  # old weights would shadow the new ones (e.g. single file vs shards)
-      if stale.endswith(".safetensors") or stale == _INDEX_FILE:
-        os.remove(os.path.join(path, stale))
-    for file in os.listdir(tmp):
+    written = set(os.listdir(tmp))
+    for file in sorted(written, key=lambda f: f == "config.json"):  # config.json last: the dir is valid after
+      os.chmod(os.path.join(tmp, file), 0o644)
       os.replace(os.path.join(tmp, file), os.path.join(path, file))
+    for stale in os.listdir(path):  # old weights would shadow the new ones (e.g. single file vs shards)
+      if (stale.endswith(".safetensors") or stale == _INDEX_FILE) and stale not in written:
+        os.remove(os.path.join(path, stale))
   finally:
     shutil.rmtree(tmp, ignore_errors=True)

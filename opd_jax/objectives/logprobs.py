@@ -12,11 +12,10 @@ from flax import nnx
 
 def response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_BxR) -> jax.Array:
   """Float32 logits [B, R, V]; row t is the distribution that predicts response token t."""
-  P = prompt_BxP.shape[1]
+  P, R = prompt_BxP.shape[1], response_BxR.shape[1]
   tokens_BxT = jnp.concatenate([prompt_BxP, response_BxR], axis=1)
   valid_BxT = jnp.concatenate([prompt_valid_BxP.astype(bool), response_mask_BxR > 0], axis=1)
-  logits_BxTxV = model(tokens_BxT, valid_BxT=valid_BxT)
-  return logits_BxTxV[:, P - 1:-1]
+  return model(tokens_BxT, valid_BxT=valid_BxT, logits_span=(P - 1, P + R - 1))
 
 
 def token_logprobs(logits_BxRxV, tokens_BxR, temperature: float = 1.0) -> jax.Array:

@@ -51,10 +51,20 @@ class RolloutConfig:
     return cls(**values)
 
   @property
+  def changes_weights(self) -> bool:
+    """The sampler needs its own copy of the weights (a precision recipe or noise)."""
+    return bool(self.weight_rules) or self.noise_sigma > 0
+
+  @property
   def is_exact(self) -> bool:
-    """No knob changes the sampler's numbers (sampler == learner up to float reordering)."""
-    return (not self.weight_rules and self.kv_cache == "native" and self.staleness_steps == 0
-            and self.noise_sigma == 0)
+    """No knob changes the sampler's distribution (sampler == learner up to float reordering).
+
+    top-k / top-p count as mismatch: the sampler renormalizes over the kept tokens while the learner scores
+    the full distribution, so every sampled token has log pi - log mu = log(kept mass) < 0, and the metrics
+    report that truncation as mismatch, as they should.
+    """
+    return (not self.changes_weights and self.kv_cache == "native" and self.staleness_steps == 0
+            and self.top_k == 0 and self.top_p == 1.0)
 
   def sampling(self, *, eos_ids: tuple[int, ...], pad_id: int, logits_top_k: int = 0) -> SamplingConfig:
     return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,

@@ -97,10 +97,11 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
                        num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
                        compute_dtype=model.dtype, kv_dtype=config.kv_dtype)
   positions_BxP = jnp.maximum(jnp.cumsum(prompt_valid_BxP, axis=1) - 1, 0)
-  logits_BxPxV, cache = model(prompt_BxP, positions_BxP, prompt_valid_BxP, cache=cache, cache_index=0)
+  logits_Bx1xV, cache = model(prompt_BxP, positions_BxP, prompt_valid_BxP, cache=cache, cache_index=0,
+                              logits_span=(P - 1, P))
   prompt_len_B = jnp.sum(prompt_valid_BxP, axis=1)
   eos_E = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
-  K = min(config.logits_top_k, logits_BxPxV.shape[-1])
+  K = min(config.logits_top_k, logits_Bx1xV.shape[-1])
 
   def emit(t, logits_BxV, key, buffers, done_B):
     tokens, logps, mask, top_vals, top_ids = buffers
@@ -119,7 +120,7 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
              jnp.zeros((B, N), jnp.float32),
              jnp.zeros((B, N, K), jnp.float32) if K else None, jnp.zeros((B, N, K), jnp.int32) if K else None)
   key, first_key = jax.random.split(key)
-  buffers, done_B = emit(0, logits_BxPxV[:, -1], first_key, buffers, jnp.zeros((B,), bool))
+  buffers, done_B = emit(0, logits_Bx1xV[:, 0], first_key, buffers, jnp.zeros((B,), bool))
 
   def cond(carry):
     t, _, _, _, done_B = carry

@@ -49,8 +49,10 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
     if t[field] % (data * m.fsdp):
       raise ValueError(f"train.{field}={t[field]} is not divisible by the mesh's batch ways "
                        f"data*fsdp={data}*{m.fsdp}; change train.{field} or mesh.data/mesh.fsdp")
-  for field in ("teacher", "student"):
-    read_hf_config(config[field])  # errors name the directory / file
+  teacher, student = read_hf_config(config.teacher), read_hf_config(config.student)  # errors name the file
+  if teacher.vocab_size != student.vocab_size:
+    raise ValueError(f"teacher vocab_size {teacher.vocab_size} != student vocab_size {student.vocab_size}: OPD "
+                     "scores the student's tokens with the teacher, so the pair must share a tokenizer")
   if config.data.source not in ("arithmetic", "jsonl"):
     raise ValueError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
   if config.data.source == "jsonl":
@@ -80,10 +82,6 @@ def train(config, workdir: str) -> dict:
   # Models: the teacher is fixed (own dtype), the student is the learner; both sharded by the same rules.
   teacher = load_pretrained(config.teacher, config.teacher_dtype, sharding_for=shard_lib.loader_shardings(mesh))
   student = load_pretrained(config.student, config.student_dtype, sharding_for=shard_lib.loader_shardings(mesh))
-  if teacher.config.vocab_size != student.config.vocab_size:
-    raise ValueError(f"teacher vocab_size {teacher.config.vocab_size} != student vocab_size "
-                     f"{student.config.vocab_size}: OPD scores student tokens with the teacher, so the pair "
-                     "must share a tokenizer")
   teacher_graphdef, teacher_state = nnx.split(teacher)
   graphdef, params = nnx.split(student)
   rollout.validate_for(params)
@@ -116,7 +114,7 @@ def train(config, workdir: str) -> dict:
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
                              teacher_state=teacher_state, rollout=rollout, sampler=sampler,
                              need_teacher_logits=objective.needs_teacher_logits, put_batch=put_batch,
-                             seed=config.seed)
+                             seed=config.seed, split_mismatch=rollout.staleness_steps > 0 or t.mode == "async")
 
   # Evaluation: the student's own greedy and sampled answers, no mismatch knobs.
   eval_samplers = {"": Sampler(graphdef, SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=0.0,
@@ -138,11 +136,15 @@ def train(config, workdir: str) -> dict:
     return row
 
   # Checkpoints, snapshots, resume.
+  # Versions count loop steps (batches consumed), also across skipped non-finite updates.
   needs_copies = rollout.staleness_steps > 0 or t.mode == "async"
-  snapshots = SnapshotStore(capacity=rollout.staleness_steps + 1)
+  snapshots = SnapshotStore(capacity=rollout.staleness_steps + 1)  # sync mode only
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
   start_step, restored_pending = 0, []
-  latest = checkpointer.latest_step() if t.resume else None
+  latest = checkpointer.latest_step()
+  if latest is not None and not t.resume:
+    raise ValueError(f"workdir {workdir!r} already holds checkpoints (step {latest}) and train.resume=False; "
+                     "use a new --workdir, or resume")
   if latest is not None:
     meta = checkpointer.restore_meta(latest)
     _check_same_run(meta, config)
@@ -154,21 +156,21 @@ def train(config, workdir: str) -> dict:
     start_step = int(meta["step"])
     restored_pending = meta["pending_metrics"]
   copy = (lambda tree: jax.tree.map(jnp.copy, tree)) if needs_copies else (lambda tree: tree)
-  if not snapshots.versions():
-    snapshots.push(int(state.step), copy(state.params))
+  if t.mode == "sync" and not snapshots.versions():
+    snapshots.push(start_step, copy(state.params))
 
   writer = MetricsWriter(workdir, resume_step=latest, total_steps=t.steps, progress_bar=t.progress_bar)
   _write_run_info(workdir, config)
   if start_step == 0:
     writer.write(0, run_eval(state.params))
 
+  last_data_state = prompts.get_state()  # read before a producer thread starts drawing from the pipeline
   asynchronous = None
   if t.mode == "async":
     asynchronous = AsyncRollouts(producer, prompts, start_index=start_step, max_staleness=t.max_staleness,
-                                 initial_version=int(state.step), initial_params=copy(state.params))
+                                 initial_version=start_step, initial_params=copy(state.params))
   # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
-  pending, interval_start, interval_tokens = list(restored_pending), time.time(), 0.0
-  last_data_state = prompts.get_state()
+  pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
   final = {}
   try:
     for step in range(start_step, t.steps):
@@ -176,13 +178,14 @@ def train(config, workdir: str) -> dict:
         produced = asynchronous.get()
       else:
         version, sampler_params = snapshots.get(rollout.staleness_steps)
-        batch = producer.produce(step, version, sampler_params, next(prompts), lagged=version < step)
+        batch = producer.produce(step, version, sampler_params, next(prompts))
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
       state, metrics = step_fn(state, produced.batch)
       metrics["rollout/version_lag"] = step - produced.version
       pending.append(metrics)
       interval_tokens += produced.batch.mask_BxR.sum()
+      interval_steps += 1
       new_version = step + 1
       if asynchronous is not None:
         asynchronous.publish(new_version, copy(state.params))
@@ -195,22 +198,24 @@ def train(config, workdir: str) -> dict:
       if new_version % t.log_every == 0 or done:
         row = _average(jax.device_get(pending))
         elapsed = time.time() - interval_start
-        row["perf/step_s"] = elapsed / len(pending)
+        row["perf/step_s"] = elapsed / max(interval_steps, 1)
         row["perf/tokens_per_s"] = float(interval_tokens) / elapsed
-        row["learning_rate"] = float(schedule(new_version))
+        row["learning_rate"] = float(schedule(int(state.step) - 1))  # what the interval's last update used
         writer.write(new_version, row)
-        pending, interval_start, interval_tokens = [], time.time(), 0.0
+        pending, interval_start, interval_tokens, interval_steps = [], time.time(), 0.0, 0
       if new_version % t.eval_every == 0 or done:
+        eval_start = time.time()
         final = run_eval(state.params)
         writer.write(new_version, final)
-        interval_start = time.time()  # evaluation time is not training throughput
+        interval_start += time.time() - eval_start  # evaluation time is not training throughput
       stopping = t.stop_after_steps and new_version - start_step >= t.stop_after_steps
       if new_version % t.checkpoint_every == 0 or done or stopping:
         pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]
         checkpointer.save(new_version, {"train": state, "snapshots": snapshots.state_dict()},
                           {"step": new_version, "data_state": last_data_state, "pending_metrics": pending,
                            "snapshot_versions": snapshots.versions(), "pair": config.pair,
-                           "steps": t.steps, "batch_size": t.batch_size})
+                           "steps": t.steps, "batch_size": t.batch_size, "mode": t.mode,
+                           "staleness_steps": rollout.staleness_steps})
       if stopping:
         break
   finally:
@@ -222,11 +227,14 @@ def train(config, workdir: str) -> dict:
 
 
 def _average(rows: list[dict]) -> dict:
-  return {k: float(np.mean([float(r[k]) for r in rows])) for k in rows[0]}
+  """Mean of each metric over the rows that report it."""
+  keys = dict.fromkeys(k for r in rows for k in r)
+  return {k: float(np.mean([float(r[k]) for r in rows if k in r])) for k in keys}
 
 
 def _check_same_run(meta: dict, config) -> None:
-  for key, value in (("batch_size", config.train.batch_size), ("steps", config.train.steps)):
+  for key, value in (("batch_size", config.train.batch_size), ("steps", config.train.steps),
+                     ("mode", config.train.mode), ("staleness_steps", config.rollout.staleness_steps)):
     if meta.get(key) != value:
       raise ValueError(f"workdir holds a checkpoint of a run with train.{key}={meta.get(key)}, but this config "
                        f"has {value}; use a new --workdir or set --config.train.resume=False")

@@ -2,8 +2,8 @@
 
 `RolloutProducer.produce(index, version, params, prompts)` turns one prompt batch into a `RolloutBatch`:
 the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
-scoring, and -- when staleness and precision/noise mismatch are both present -- the same-version learner
-log-probs that split the mismatch into its two factors. The PRNG key of batch `index` is
+scoring, and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
+that split the mismatch into its two factors. The PRNG key of batch `index` is
 fold_in(key(seed), index), so a resumed run draws the same samples.
 
 `AsyncRollouts` runs the producer in a background thread ahead of the learner: batch i may use any learner
@@ -38,7 +38,9 @@ class Produced:
 class RolloutProducer:
 
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
-               need_teacher_logits: bool, put_batch, seed: int):
+               need_teacher_logits: bool, put_batch, seed: int, split_mismatch: bool = False):
+    """split_mismatch: score every batch with the dense learner version that generated it too, so the train step
+    can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist)."""
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
     self.teacher_state = teacher_state
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
@@ -47,18 +49,18 @@ class RolloutProducer:
                                               return_logits=need_teacher_logits))
     self._student = jax.jit(functools.partial(score, student_graphdef, temperature=temperature,
                                               return_logits=False))
-    self._precision_or_noise = bool(rollout.weight_rules) or rollout.kv_cache != "native" or rollout.noise_sigma > 0
+    self._split = split_mismatch and (rollout.changes_weights or rollout.kv_cache != "native")
 
-  def produce(self, index: int, version: int, params, prompts: dict, lagged: bool) -> RolloutBatch:
-    """lagged: the sampler's version is older than the learner that will consume the batch."""
+  def produce(self, index: int, version: int, params, prompts: dict) -> RolloutBatch:
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    sampler_state = params if self.rollout.is_exact else build_sampler_state(params, self.rollout, jnp.int32(version))
+    sampler_state = build_sampler_state(params, self.rollout, jnp.int32(version)) if self.rollout.changes_weights \
+        else params
     out = self.sampler(sampler_state, prompt_BxP, valid_BxP, jax.random.fold_in(self.key, index))
     teacher_logp, teacher_logits = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN,
                                                  out.mask_BxN)
     snapshot_logp = None
-    if lagged and self._precision_or_noise:
+    if self._split:
       snapshot_logp, _ = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
     return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher_logp,
                         teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp)
@@ -76,6 +78,7 @@ class AsyncRollouts:
     self._latest = (initial_version, initial_params)
     self._cond = threading.Condition()
     self._stop = threading.Event()
+    self._error: BaseException | None = None
     self._next_index = start_index
     self._thread = threading.Thread(target=self._run, name="opd-rollouts", daemon=True)
     self._thread.start()
@@ -97,7 +100,7 @@ class AsyncRollouts:
         if self._stop.is_set():
           return
         prompts = next(self._prompts)
-        batch = self._producer.produce(index, version, params, prompts, lagged=version < index)
+        batch = self._producer.produce(index, version, params, prompts)
         jax.block_until_ready(batch)
         item = Produced(index, version, batch, self._prompts.get_state())
         while not self._stop.is_set():
@@ -108,13 +111,17 @@ class AsyncRollouts:
             continue
         self._next_index += 1
     except BaseException as e:  # surfaced to the learner by get()
-      self._queue.put(e)
+      self._error = e
 
   def get(self) -> Produced:
-    item = self._queue.get()
-    if isinstance(item, BaseException):
-      raise RuntimeError(f"rollout producer failed: {item}") from item
-    return item
+    while True:
+      try:
+        return self._queue.get(timeout=0.5)
+      except queue.Empty:
+        if self._error is not None:
+          raise RuntimeError(f"rollout producer failed: {self._error}") from self._error
+        if not self._thread.is_alive():
+          raise RuntimeError("rollout producer stopped without producing the next batch")
 
   def close(self) -> None:
     self._stop.set()

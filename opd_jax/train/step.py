@@ -6,7 +6,8 @@ Every batch's sampler-vs-learner mismatch metrics (token level and, when the sam
 log-probs, vocabulary level) are computed inside the step from the learner's own forward pass: no extra host
 syncs. When the batch carries `snapshot_logp_BxR` (the un-quantized, noise-free learner at the version that
 generated the batch), the total log-ratio log pi/mu is split into a precision/noise factor
-(snapshot vs sampler) and a staleness factor (current learner vs snapshot).
+(snapshot vs sampler) and a staleness factor (current learner vs snapshot). The k1 parts add up exactly to the
+total k1; the k3 of each part is only approximate, since the tokens come from mu, not from the snapshot.
 
 A step whose loss or gradient norm is not finite leaves parameters and optimizer state untouched and reports
 `skipped = 1`.
@@ -54,7 +55,9 @@ def _prefixed(prefix: str, metrics: dict) -> dict:
 
 
 def train_step(graphdef, optimizer: optax.GradientTransformation, objective: ObjectiveConfig,
-               temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch):
+               temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch,
+               mismatch_metrics: bool = True):
+  """One update. mismatch_metrics=False drops the mismatch families (benchmarks measure their cost)."""
   mask = batch.mask_BxR
 
   def loss_fn(params):
@@ -84,8 +87,10 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
       # k1 estimate of KL(student || teacher) on the student's own samples: what OPD minimizes.
       "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
       **{f"opd/{k}": v for k, v in aux.items()},
-      **_prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)),
   }
+  if not mismatch_metrics:
+    return new_state, metrics
+  metrics.update(_prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)))
   if batch.sampler_top_logprobs_BxRxK is not None:
     # Vocabulary metrics compare distributions at temperature 1 (what the sampler's top-k log-probs are).
     metrics.update(_prefixed("mismatch_vocab", vocab_metrics_topk(
