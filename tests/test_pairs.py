@@ -1,0 +1,42 @@
+"""The shipped embedded pairs: loadable by us and by transformers, and as accurate as build_info.json says."""
+
+import json
+import os
+
+import jax
+import pytest
+from flax import nnx
+
+from opd_jax.data.task import ArithmeticTask
+from opd_jax.models import load_pretrained, load_tokenizer
+from opd_jax.rollout.sampler import Sampler, SamplingConfig
+from opd_jax.train.evaluation import evaluate
+from opd_jax.train.pairs import ASSETS, PAIRS
+
+FAMILY = {"pair1": "qwen3", "pair2": "llama", "pair3": "qwen2"}
+
+
+def test_shipped_weights_fit_the_size_budget():
+  total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(ASSETS) for f in files
+              if f.endswith(".safetensors"))
+  assert 0 < total <= 25 * 2 ** 20
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_pair_accuracy_matches_build_info(pair):
+  with open(os.path.join(ASSETS, pair, "build_info.json")) as f:
+    info = json.load(f)
+  assert info["teacher"]["heldout_greedy_accuracy"] >= 0.9
+  assert 0.2 <= info["student"]["heldout_greedy_accuracy"] <= 0.6
+  task = ArithmeticTask()
+  problems = task.problems("heldout", 128, seed=0)  # the first 128 of the 512 build_info reports on
+  for role in ("teacher", "student"):
+    path = os.path.join(ASSETS, pair, role)
+    model = load_pretrained(path)
+    assert model.config.model_type == FAMILY[pair]
+    graphdef, state = nnx.split(model)
+    sampler = Sampler(graphdef, SamplingConfig(max_new_tokens=64, temperature=0.0, eos_ids=(1,), pad_id=0))
+    accuracy = evaluate(sampler, state, load_tokenizer(path), problems, max_prompt_tokens=20, batch_size=128,
+                        key=jax.random.key(0))["accuracy"]
+    # 128 of the 512 problems: within ~4 standard errors of the recorded accuracy.
+    assert abs(accuracy - info[role]["heldout_greedy_accuracy"]) <= 0.15, (role, accuracy)
