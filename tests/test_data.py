@@ -30,10 +30,10 @@ def test_task_solutions_are_correct_and_sized():
     lines = p.solution.split("\n")
     assert len(lines) == expression.count("+") + expression.count("-") + 1
     assert 16 <= len(p.solution) + 1 <= 64  # + EOS
+    assert len(p.solution) <= task.max_response_chars() and len(p.prompt) <= task.max_prompt_chars()
     for line in lines[:-1]:
       lhs, rhs = line.split("=")
       assert eval(lhs) == int(rhs) >= 0
-  assert task.max_response_chars() >= 64
 
 
 def test_task_rejects_bad_settings():
@@ -95,3 +95,14 @@ def test_char_tokenizer_round_trips(tmp_path):
   assert texts == [p.solution for p in problems]  # EOS and padding dropped
   assert all(tokenizer.decode(list(row[v])) == p.prompt for row, v, p in zip(prompts, valid, problems))
   assert np.all(mask.sum(1) == [len(p.solution) + 1 for p in problems])
+
+
+def test_char_tokenizer_survives_a_family_config(tmp_path):
+  """transformers >= 5 swaps in Qwen2Tokenizer for any qwen2 config.json, which drops newlines;
+  load_tokenizer keeps the tokenizer.json the checkpoint declares."""
+  build_char_tokenizer(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 32}))
+  tokenizer = load_tokenizer(str(tmp_path))
+  ids = tokenizer.encode("47+8\n#  1", add_special_tokens=False)
+  assert ids == [6, 9, 12, 10, 16, 15, 17, 17, 3]
+  assert tokenizer.decode(ids) == "47+8\n#  1"

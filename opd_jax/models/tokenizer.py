@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from opd_jax.models.config import CheckpointError
@@ -13,12 +14,28 @@ def has_tokenizer(path: str) -> bool:
   return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
 
 
+_GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path: str):
-  """AutoTokenizer from `path` without touching the network; a clear error when none is there."""
+  """The checkpoint's tokenizer, without touching the network; a clear error when none is there.
+
+  AutoTokenizer, except when tokenizer_config.json declares the generic tokenizers-library class and a
+  tokenizer.json is present: then that tokenizer.json is used as written. (transformers >= 5 otherwise
+  substitutes the model family's class for some families, e.g. Qwen2Tokenizer for any qwen2 config, which
+  rebuilds the pre-tokenizer and silently drops the newlines of a character-level tokenizer.)
+  """
   if not has_tokenizer(path):
     raise CheckpointError(f"checkpoint dir {path!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); "
                           "pass token ids instead (e.g. --prompt_ids) or copy the tokenizer there")
-  from transformers import AutoTokenizer  # transformers import is slow; only pay it when needed
+  from transformers import AutoTokenizer, PreTrainedTokenizerFast  # slow import; only pay it when needed
+  declared = None
+  config_file = os.path.join(path, "tokenizer_config.json")
+  if os.path.isfile(config_file):
+    with open(config_file) as f:
+      declared = json.load(f).get("tokenizer_class")
+  if declared in _GENERIC_CLASSES and os.path.isfile(os.path.join(path, "tokenizer.json")):
+    return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
   return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
