@@ -19,6 +19,6 @@ def get_config(arg=None):
   c.pairs = ("pair1",)
   c.base_overrides = SHORT_RUN
   c.points = (("baseline", ()),) + tuple(
-      (f"stale_{s}", (("rollout.staleness_steps", s),)) for s in (1, 2, 4, 8)) + (
+      (f"stale_{s}", (("rollout.staleness_steps", s),)) for s in (1, 2, 4, 8, 16, 32)) + (
       ("stale_2_fp8", (("rollout.staleness_steps", 2), ("rollout.weights", "fp8"))),)
   return c
