@@ -167,3 +167,17 @@ def test_async_mode_bounds_staleness(tiny_pair, tmp_path):
 def test_config_mistakes_fail_before_compilation(tiny_pair, override, message):
   with pytest.raises(ValueError, match=message):
     check_config(_config(tiny_pair, **override))
+
+
+def test_checkpoint_meta_is_captured_at_save_time(tmp_path):
+  """Orbax writes meta on a background thread; the loop keeps appending jax arrays to the list it passed."""
+  from opd_jax.train.checkpointing import Checkpointer
+  checkpointer = Checkpointer(str(tmp_path), keep=2)
+  pending = []
+  checkpointer.save(1, {"w": jnp.zeros(3)}, {"step": 1, "pending_metrics": pending})
+  pending.append({"loss": jnp.ones(())})  # not JSON: a late serialization of `pending` would fail
+  checkpointer.wait()
+  assert checkpointer.restore_meta(1) == {"step": 1, "pending_metrics": []}
+  with pytest.raises(TypeError, match="JSON serializable"):
+    checkpointer.save(2, {"w": jnp.zeros(3)}, {"step": 2, "bad": jnp.ones(())})
+  checkpointer.close()

@@ -117,10 +117,16 @@ def kv_capacity_table(device_gib: float = 80.0) -> list[dict]:
   out = []
   for name, config in memory.shipped_shapes().items():
     base = memory.kv_capacity(config, (), "bf16", device_bytes=int(device_gib * 2 ** 30))
-    for weights, kv in (("none", "bf16"), ("int8", "bf16"), ("fp8", "bf16"), ("none", "fp8_e4m3"),
-                        ("int8", "int8"), ("fp8", "fp8_e4m3")):
-      cap = memory.kv_capacity(config, precision.recipe_rules(weights), kv, device_bytes=int(device_gib * 2 ** 30))
-      out.append({"model": name, "weights": "bf16" if weights == "none" else weights, "kv_cache": kv,
+    # The last row is the shape of the model-specific recipes the sensitivity scan emits for every embedded
+    # pair (the most sensitive decoder layer, layer 0, kept in bf16; every other decoder Linear in fp8).
+    keep_layer0 = ((r"^layers\.0\.", "bf16"),) + precision.recipe_rules("fp8")
+    for label, rules, kv in (("bf16", (), "bf16"), ("int8", precision.recipe_rules("int8"), "bf16"),
+                             ("fp8", precision.recipe_rules("fp8"), "bf16"), ("bf16", (), "fp8_e4m3"),
+                             ("int8", precision.recipe_rules("int8"), "int8"),
+                             ("fp8", precision.recipe_rules("fp8"), "fp8_e4m3"),
+                             ("fp8, layer 0 bf16", keep_layer0, "fp8_e4m3")):
+      cap = memory.kv_capacity(config, rules, kv, device_bytes=int(device_gib * 2 ** 30))
+      out.append({"model": name, "weights": label, "kv_cache": kv,
                   "weight_gib": cap.weight_bytes / 2 ** 30, "kv_bytes_per_token": cap.kv_bytes_per_token,
                   "kv_tokens": cap.kv_tokens, "vs_bf16": cap.kv_tokens / base.kv_tokens})
   return out

@@ -6,6 +6,7 @@ leaves a checkpoint that restore would pick up.
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -23,7 +24,12 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def save(self, step: int, arrays, meta: dict) -> None:
-    """arrays: pytree of jax arrays (train state, snapshots); meta: JSON (data iterator state, versions)."""
+    """arrays: pytree of jax arrays (train state, snapshots); meta: JSON (data iterator state, versions).
+
+    Orbax writes `meta` on a background thread, so it is copied (and checked to be JSON) here: the caller may
+    keep mutating the objects it passed.
+    """
+    meta = json.loads(json.dumps(meta))
     self._manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
                                                     meta=ocp.args.JsonSave(meta)), force=True)
 
