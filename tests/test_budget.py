@@ -29,6 +29,20 @@ def test_no_observed_loss_gives_the_largest_tested_mismatch():
   assert fit.slope == 0 and fit.budget(0.02, 1e-3) == 1e-3
 
 
+def test_budget_never_passes_a_point_beyond_tolerance():
+  """A steep collapse pulls the hinge knee up; the budget must still stop before the tested point at m=1.3
+  (loss 0.086 > 0.05): the observed crossing, log-interpolated between m=0.75 (0.047) and m=1.3, caps it."""
+  m = np.array([1e-4, 1e-3, 1e-2, 0.18, 0.75, 1.3, 1.9, 3.2, 3.9])
+  q = np.array([-0.03, -0.02, -0.02, 0.004, 0.047, 0.086, 0.14, 0.40, 0.63])
+  assert budget_lib.fit_hinge(m, q).budget(0.05, m.max()) > 1.3  # the rigid fit alone overshoots
+  assert budget_lib.observed_crossing(m, q, 0.05) == pytest.approx(0.75 * (1.3 / 0.75) ** (0.003 / 0.039))
+  rows = [{"pair": "p", "point": f"x{i}", "status": "ok", "delta_final_accuracy": -qi, "final_accuracy": 0.6 - qi,
+           "mismatch": {"mismatch/k3": mi}} for i, (mi, qi) in enumerate(zip(m, q))]
+  result = budget_lib.calibrate(rows, tolerance=0.05, bootstrap=50)
+  assert 0.75 < result["budget"] < 0.8 and result["bounded"]
+  assert budget_lib.isotonic(np.array([0.0, 0.2, 0.1, 0.3])).tolist() == pytest.approx([0.0, 0.15, 0.15, 0.3])
+
+
 def _rows(seed=0, pair="pair1"):
   rng = np.random.default_rng(seed)
   rows = [{"pair": pair, "point": "baseline", "status": "ok", "final_accuracy": 0.8, "best_accuracy": 0.8,

@@ -11,7 +11,7 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quantization import SHORT_RUN  # noqa: E402
 
-SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
+SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)
 
 
 def get_config(arg=None):

@@ -9,7 +9,10 @@ grows b per decade. m0 is chosen on a grid over the observed mismatches and b >=
 Budget: the largest m with q(m) <= tolerance, m0 * 10^(tolerance / b) (tolerance absolute, or relative to the
 baseline's accuracy), capped at the largest mismatch tested: nothing beyond it was observed, so when the fit
 predicts no loss beyond tolerance there (b = 0 included) the budget is that largest mismatch and
-`bounded` is False. A 90% interval comes from refitting on bootstrap resamples of the points.
+`bounded` is False. The budget is also never beyond what the points themselves show: with q made monotone in
+m (isotonic regression), the tolerance crossing lies between the last point within tolerance and the first one
+beyond it, interpolated in log m; the hinge, rigid above its knee, can otherwise overshoot a point that
+already lost more than the tolerance. A 90% interval comes from refitting on bootstrap resamples of the points.
 """
 
 from __future__ import annotations
@@ -61,6 +64,39 @@ def fit_hinge(m: np.ndarray, q: np.ndarray) -> HingeFit:
   return HingeFit(knee=float(knee), slope=slope, r2=1 - sse / total if total > 0 else 0.0, n=len(m))
 
 
+def isotonic(q_sorted: np.ndarray) -> np.ndarray:
+  """Non-decreasing least-squares fit (pool adjacent violators) of values already sorted by mismatch."""
+  blocks = []  # [mean, weight]
+  for value in np.asarray(q_sorted, float):
+    blocks.append([value, 1.0])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      (v2, w2), (v1, w1) = blocks.pop(), blocks.pop()
+      blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2])
+  return np.concatenate([np.full(int(w), v) for v, w in blocks])
+
+
+def observed_crossing(m: np.ndarray, q: np.ndarray, tolerance: float) -> float:
+  """Where the monotone envelope of the points first exceeds the tolerance (inf if it never does)."""
+  order = np.argsort(m, kind="stable")
+  m_sorted, q_iso = np.maximum(np.asarray(m, float)[order], _FLOOR), isotonic(np.asarray(q, float)[order])
+  beyond = np.nonzero(q_iso > tolerance)[0]
+  if beyond.size == 0:
+    return math.inf
+  i = beyond[0]
+  if i == 0:
+    return float(m_sorted[0])
+  m0, m1, q0, q1 = m_sorted[i - 1], m_sorted[i], q_iso[i - 1], q_iso[i]
+  if m1 <= m0:
+    return float(m0)
+  frac = (tolerance - q0) / (q1 - q0)
+  return float(m0 * (m1 / m0) ** frac)
+
+
+def _budget(m: np.ndarray, q: np.ndarray, tolerance: float) -> tuple[HingeFit, float]:
+  fit = fit_hinge(m, q)
+  return fit, min(fit.budget(tolerance, float(m.max())), observed_crossing(m, q, tolerance))
+
+
 def quality_losses(rows: list[dict], tolerance: float, relative: bool) -> tuple[np.ndarray, float]:
   """(quality loss per row, absolute tolerance in accuracy points)."""
   q = np.array([-r["delta_final_accuracy"] for r in rows])
@@ -80,14 +116,13 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
     raise ValueError(f"scale {scale!r} is not one of {sorted(SCALES)}")
   m = np.array([SCALES[scale](r["mismatch"]) for r in rows])
   q, tol = quality_losses(rows, tolerance, relative)
-  fit = fit_hinge(m, q)
-  budget = fit.budget(tol, float(m.max()))
+  fit, budget = _budget(m, q, tol)
   bounded = budget < float(m.max())
   rng = np.random.default_rng(seed)
   samples = []
   for _ in range(bootstrap):
     idx = rng.integers(0, len(m), len(m))
-    samples.append(fit_hinge(m[idx], q[idx]).budget(tol, float(m[idx].max())))
+    samples.append(_budget(m[idx], q[idx], tol)[1])
   samples = np.array(samples)
   return {"scale": scale, "tolerance": tolerance, "tolerance_relative": relative, "tolerance_abs": tol,
           "budget": budget, "interval": [float(np.percentile(samples, 5)), float(np.percentile(samples, 95))],
