@@ -60,3 +60,13 @@ def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
   noisy = analyze(cal, rollout, 0.3)
   assert noisy["same_prefix_k3"] > 1e-4 and noisy["identical_responses"] < 1.0
   assert noisy["first_divergence_mean"] < zero["first_divergence_mean"]
+
+
+def test_admission_staleness_grows_with_lag(tiny_pair, cal):
+  """Lagged versions come from real updates at the peak learning rate: lag 1 is already a nonzero mismatch."""
+  from opd_jax.mismatch.admission import measure_candidate
+  config = common.base_config("tiny")
+  config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
+  config.rollout.max_new_tokens = 12
+  k3 = [measure_candidate(cal, config, RolloutConfig(max_new_tokens=12, staleness_steps=s))["k3"] for s in (0, 1, 3)]
+  assert k3[0] < 1e-6 < k3[1] < k3[2]

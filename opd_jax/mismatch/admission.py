@@ -3,7 +3,9 @@
 The candidate's sampler (weight recipe, KV dtype, noise) generates on a calibration batch of held-out prompts
 and the unquantized learner scores the same tokens (`Calibration.measure`): the same k3 the training step logs.
 For staleness s, a short run of s OPD updates (the real learner step, on the calibration prompts) builds the
-lagged versions: the sampler is version 0 with the candidate's knobs, the learner is version s.
+lagged versions: the sampler is version 0 with the candidate's knobs, the learner is version s. Those updates use
+the config's peak learning rate (no warmup): a warmup from 0 would make the first lag vanish, while a real run
+spends nearly all of its steps near the peak.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from opd_jax.mismatch import budget as budget_lib
 from opd_jax.mismatch.calibration import Calibration
@@ -27,8 +30,9 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   """Learner parameters after 0, 1, ..., `updates` OPD steps (exact sampler, config's objective/optimizer)."""
   objective = ObjectiveConfig(**dict(config.objective))
   o = config.optimizer
-  schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
-                           total_steps=config.train.steps, end_lr_fraction=o.end_lr_fraction)
+  make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps, total_steps=config.train.steps,
+                end_lr_fraction=o.end_lr_fraction)  # validates the optimizer fields like a real run would
+  schedule = optax.constant_schedule(o.learning_rate)  # steady-state updates, see the module docstring
   optimizer = make_optimizer(schedule, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
   rollout = RolloutConfig(temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens)
   producer = RolloutProducer(student_graphdef=cal.graphdef, teacher_graphdef=cal.teacher_graphdef,
