@@ -63,7 +63,7 @@ def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
 
 
 def test_admission_staleness_grows_with_lag(tiny_pair, cal):
-  """Lagged versions come from real updates at the peak learning rate: lag 1 is already a nonzero mismatch."""
+  """Lagged versions come from real updates after a burn-in: lag 1 is already a nonzero mismatch."""
   from opd_jax.mismatch.admission import measure_candidate
   config = common.base_config("tiny")
   config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]

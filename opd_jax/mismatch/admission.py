@@ -3,9 +3,10 @@
 The candidate's sampler (weight recipe, KV dtype, noise) generates on a calibration batch of held-out prompts
 and the unquantized learner scores the same tokens (`Calibration.measure`): the same k3 the training step logs.
 For staleness s, a short run of s OPD updates (the real learner step, on the calibration prompts) builds the
-lagged versions: the sampler is version 0 with the candidate's knobs, the learner is version s. Those updates use
-the config's peak learning rate (no warmup): a warmup from 0 would make the first lag vanish, while a real run
-spends nearly all of its steps near the peak.
+lagged versions: the sampler is version 0 with the candidate's knobs, the learner is version s. Version 0 is taken
+after a burn-in of the config's warmup steps (at least 10), so the lagged updates have the learning rate and Adam
+moments of a run in progress: from a cold start the first update is a no-op (lr 0) and fresh Adam moments make
+the next ones sign-like and far larger than a running learner's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from opd_jax.mismatch import budget as budget_lib
 from opd_jax.mismatch.calibration import Calibration
@@ -27,12 +27,12 @@ from opd_jax.train.step import TrainState, train_step
 
 
 def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> list:
-  """Learner parameters after 0, 1, ..., `updates` OPD steps (exact sampler, config's objective/optimizer)."""
+  """Learner parameters at burn-in + 0, 1, ..., `updates` OPD steps (exact sampler, config's objective/optimizer)."""
   objective = ObjectiveConfig(**dict(config.objective))
   o = config.optimizer
-  make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps, total_steps=config.train.steps,
-                end_lr_fraction=o.end_lr_fraction)  # validates the optimizer fields like a real run would
-  schedule = optax.constant_schedule(o.learning_rate)  # steady-state updates, see the module docstring
+  schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
+                           total_steps=config.train.steps, end_lr_fraction=o.end_lr_fraction)
+  burn_in = max(o.warmup_steps, 10)
   optimizer = make_optimizer(schedule, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
   rollout = RolloutConfig(temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens)
   producer = RolloutProducer(student_graphdef=cal.graphdef, teacher_graphdef=cal.teacher_graphdef,
@@ -42,12 +42,14 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   step = jax.jit(functools.partial(train_step, cal.graphdef, optimizer, objective, rollout.temperature,
                                    objective.is_cap))
   state = TrainState(cal.params, optimizer.init(cal.params), jnp.zeros((), jnp.int32))
-  versions = [cal.params]
+  versions = []
   prompts = {"prompt_BxP": cal.prompt_BxP, "prompt_valid_BxP": cal.valid_BxP}
-  for i in range(updates):
+  for i in range(burn_in + updates):
+    if i >= burn_in:
+      versions.append(state.params)
     batch = producer.produce(i, i, state.params, prompts)
     state, _ = step(state, batch)
-    versions.append(state.params)
+  versions.append(state.params)
   return versions
 
 
