@@ -143,3 +143,16 @@ def test_report_renders_every_given_section(tmp_path):
   assert "Qwen3-8B" in page
   with pytest.raises(ValueError, match="does not exist"):
     report.build([str(tmp_path / "missing.jsonl")], str(tmp_path / "r2"))
+
+
+def test_unbounded_pair_budget_borrows_the_pooled_one():
+  from opd_jax.mismatch.admission import pick_budget
+  own = {"budget": 0.004, "bounded": False}
+  pooled = {"budget": 0.8, "bounded": True}
+  source, chosen = pick_budget({"budgets": {"pair2": own, "pooled": pooled}}, "pair2")
+  assert chosen is pooled and source.startswith("pooled (pair2 lost nothing up to 0.004")
+  bounded_own = {"budget": 0.1, "bounded": True}
+  assert pick_budget({"budgets": {"pair2": bounded_own, "pooled": pooled}}, "pair2") == ("pair2", bounded_own)
+  assert pick_budget({"budgets": {"pooled": pooled}}, "pair3") == ("pooled", pooled)
+  with pytest.raises(ValueError, match="no budget for pair 'pair3'"):
+    pick_budget({"budgets": {"pair2": own}}, "pair3")

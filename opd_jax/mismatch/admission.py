@@ -64,8 +64,17 @@ def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: in
 
 
 def pick_budget(budget_file: dict, pair: str) -> tuple[str, dict]:
-  """The pair's own budget when calibrated, else the pooled one."""
+  """The pair's own budget when its runs bound it; else the pooled one.
+
+  A pair whose runs never lost quality has an unbounded budget: only a lower bound (the largest mismatch its
+  runs tested). Then a bounded pooled budget, fitted on all pairs' runs, is the better estimate, and the
+  source says it was borrowed (`pooled (pair2 lost nothing up to 0.0043)`).
+  """
   budgets = budget_file.get("budgets", {})
+  own, pooled = budgets.get(pair), budgets.get("pooled")
+  if own is not None and not own.get("bounded", True) and pooled is not None and pooled.get("bounded", True) \
+      and pooled["budget"] > own["budget"]:
+    return f"pooled ({pair} lost nothing up to {own['budget']:.3g})", pooled
   for name in (pair, "pooled"):
     if name in budgets:
       return name, budgets[name]
