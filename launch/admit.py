@@ -56,8 +56,9 @@ def run() -> bool:
   result = admission.admit(measured, budget_file, config.pair)
   result["wall_seconds"] = time.time() - start
   word = "ADMIT" if result["admit"] else "REJECT"
+  source = result["budget_source"] + (f"; {result['budget_note']}" if result["budget_note"] else "")
   print(f"{word}  {config.pair}: measured {result['scale']} {result['measured']:.3g} vs budget {result['budget']:.3g} "
-        f"[{result['interval'][0]:.3g}, {result['interval'][1]:.3g}] ({result['budget_source']}); margin "
+        f"[{result['interval'][0]:.3g}, {result['interval'][1]:.3g}] ({source}); margin "
         f"{result['margin']:+.0%}; confidence {result['confidence']:.0%}; {result['wall_seconds']:.1f} s")
   if _JSON.value:
     print(json.dumps({**result, "rollout": {k: v for k, v in dict(config.rollout).items()}}, default=list))

@@ -149,10 +149,10 @@ def test_unbounded_pair_budget_borrows_the_pooled_one():
   from opd_jax.mismatch.admission import pick_budget
   own = {"budget": 0.004, "bounded": False}
   pooled = {"budget": 0.8, "bounded": True}
-  source, chosen = pick_budget({"budgets": {"pair2": own, "pooled": pooled}}, "pair2")
-  assert chosen is pooled and source.startswith("pooled (pair2 lost nothing up to 0.004")
+  source, chosen, note = pick_budget({"budgets": {"pair2": own, "pooled": pooled}}, "pair2")
+  assert source == "pooled" and chosen is pooled and note == "pair2 lost nothing up to 0.004"
   bounded_own = {"budget": 0.1, "bounded": True}
-  assert pick_budget({"budgets": {"pair2": bounded_own, "pooled": pooled}}, "pair2") == ("pair2", bounded_own)
-  assert pick_budget({"budgets": {"pooled": pooled}}, "pair3") == ("pooled", pooled)
+  assert pick_budget({"budgets": {"pair2": bounded_own, "pooled": pooled}}, "pair2") == ("pair2", bounded_own, "")
+  assert pick_budget({"budgets": {"pooled": pooled}}, "pair3") == ("pooled", pooled, "")
   with pytest.raises(ValueError, match="no budget for pair 'pair3'"):
     pick_budget({"budgets": {"pair2": own}}, "pair3")

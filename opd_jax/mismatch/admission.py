@@ -63,27 +63,27 @@ def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: in
   return cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[-1])
 
 
-def pick_budget(budget_file: dict, pair: str) -> tuple[str, dict]:
+def pick_budget(budget_file: dict, pair: str) -> tuple[str, dict, str]:
   """The pair's own budget when its runs bound it; else the pooled one.
 
   A pair whose runs never lost quality has an unbounded budget: only a lower bound (the largest mismatch its
-  runs tested). Then a bounded pooled budget, fitted on all pairs' runs, is the better estimate, and the
-  source says it was borrowed (`pooled (pair2 lost nothing up to 0.0043)`).
+  runs tested). Then a bounded pooled budget, fitted on all pairs' runs, is the better estimate. Returns
+  (key in budget_file["budgets"], budget, note); the note says when and why the pooled budget was borrowed.
   """
   budgets = budget_file.get("budgets", {})
   own, pooled = budgets.get(pair), budgets.get("pooled")
   if own is not None and not own.get("bounded", True) and pooled is not None and pooled.get("bounded", True) \
       and pooled["budget"] > own["budget"]:
-    return f"pooled ({pair} lost nothing up to {own['budget']:.3g})", pooled
+    return "pooled", pooled, f"{pair} lost nothing up to {own['budget']:.3g}"
   for name in (pair, "pooled"):
     if name in budgets:
-      return name, budgets[name]
+      return name, budgets[name], ""
   raise ValueError(f"budget file has no budget for pair {pair!r} and no 'pooled' budget "
                    f"(it has: {sorted(budgets)})")
 
 
 def admit(measured: dict, budget_file: dict, pair: str) -> dict:
   scale = budget_file["scale"]
-  source, budget = pick_budget(budget_file, pair)
+  source, budget, note = pick_budget(budget_file, pair)
   value = budget_lib.SCALES[scale]({f"mismatch/{k}": v for k, v in measured.items()})
-  return {**budget_lib.verdict(value, budget), "scale": scale, "budget_source": source}
+  return {**budget_lib.verdict(value, budget), "scale": scale, "budget_source": source, "budget_note": note}
