@@ -1,6 +1,6 @@
 """Cost of the in-step mismatch metrics relative to the train step, side by side.
 
-  python launch/bench_learner.py [--configs=embedded,191M] [--batch=...] [--response_tokens=...]
+  python launch/bench_learner.py [--configs=embedded,191M] [--repeats=7]
 
 Times the jitted OPD train step with and without the mismatch metric families (token + vocabulary level,
 compile excluded, median of --repeats) on the embedded pair1 student and on the ~191M config. Goal: <= 3%.

@@ -70,7 +70,7 @@ class Calibration:
   def sampler_state(self, rollout: RolloutConfig, params=None):
     """The sampler's weights for `rollout` (recipe and noise) from `params` (default: the pair's student)."""
     params = self.params if params is None else params
-    return build_sampler_state(params, rollout, jnp.int32(0)) if rollout.changes_weights else params
+    return build_sampler_state(params, rollout, jnp.int32(0))
 
   def sampler(self, rollout: RolloutConfig) -> Sampler:
     return _sampler(self.graphdef, rollout.sampling(eos_ids=self.eos_ids, pad_id=self.pad_id,

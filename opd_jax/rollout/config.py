@@ -81,7 +81,10 @@ def build_sampler_state(learner_state: nnx.State, rollout: RolloutConfig, versio
   """The sampler's copy of a learner version: noise and precision recipe in the configured order.
 
   Noise for version v is drawn from fold_in(key(noise_seed), v), so it is fresh per version and reproducible.
+  Without a recipe or noise the sampler shares the learner's state (no copy).
   """
+  if not rollout.changes_weights:
+    return learner_state
   key = jax.random.fold_in(jax.random.key(rollout.noise_seed), version)
   state = learner_state
   if rollout.noise_sigma > 0 and rollout.noise_order == "before_quant":

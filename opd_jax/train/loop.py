@@ -210,11 +210,9 @@ def train(config, workdir: str) -> dict:
         interval_start += time.time() - eval_start  # evaluation time is not training throughput
       stopping = t.stop_after_steps and new_version - start_step >= t.stop_after_steps
       if new_version % t.checkpoint_every == 0 or done or stopping:
-        # A new list: orbax serializes `meta` on a background thread while the loop keeps appending to pending.
-        saved_pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]
+        saved_pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]  # JSON form
         checkpointer.save(new_version, {"train": state, "snapshots": snapshots.state_dict()},
-                          {"step": new_version, "data_state": dict(last_data_state),
-                           "pending_metrics": saved_pending,
+                          {"step": new_version, "data_state": last_data_state, "pending_metrics": saved_pending,
                            "snapshot_versions": snapshots.versions(), "pair": config.pair,
                            "steps": t.steps, "batch_size": t.batch_size, "mode": t.mode,
                            "staleness_steps": rollout.staleness_steps})

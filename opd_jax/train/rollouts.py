@@ -54,8 +54,7 @@ class RolloutProducer:
   def produce(self, index: int, version: int, params, prompts: dict) -> RolloutBatch:
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    sampler_state = build_sampler_state(params, self.rollout, jnp.int32(version)) if self.rollout.changes_weights \
-        else params
+    sampler_state = build_sampler_state(params, self.rollout, jnp.int32(version))
     out = self.sampler(sampler_state, prompt_BxP, valid_BxP, jax.random.fold_in(self.key, index))
     teacher_logp, teacher_logits = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN,
                                                  out.mask_BxN)
