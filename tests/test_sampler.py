@@ -9,6 +9,7 @@ from flax import nnx
 
 from opd_jax.models import load_pretrained
 from opd_jax.objectives.logprobs import response_logits, token_logprobs
+from opd_jax.rollout.kv_cache import KVCache
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, choose_tokens, left_pad
 from tests import checkpoints
 
@@ -26,7 +27,9 @@ def _sample(path, config, key=0, prompts=PROMPTS):
 @pytest.mark.parametrize("family", checkpoints.FAMILIES)
 def test_greedy_matches_transformers_generate(tiny_checkpoints, family):
   path = tiny_checkpoints[family]
-  _, _, _, out = _sample(path, SamplingConfig(max_new_tokens=16, temperature=0.0, eos_ids=(EOS,), pad_id=PAD))
+  # decode_chunk=5: four decode loops over a growing cache, so the chunk hand-offs are checked against HF too
+  config = SamplingConfig(max_new_tokens=16, temperature=0.0, eos_ids=(EOS,), pad_id=PAD, decode_chunk=5)
+  _, _, _, out = _sample(path, config)
   torch_model = checkpoints.load_torch(path)
   for row, prompt in enumerate(PROMPTS):
     with torch.no_grad():
@@ -39,7 +42,8 @@ def test_greedy_matches_transformers_generate(tiny_checkpoints, family):
 @pytest.mark.parametrize("family", checkpoints.FAMILIES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampler_logprobs_equal_learner_recomputation(tiny_checkpoints, family, temperature):
-  config = SamplingConfig(max_new_tokens=12, temperature=temperature, eos_ids=(EOS,), pad_id=PAD)
+  config = SamplingConfig(max_new_tokens=12, temperature=temperature, eos_ids=(EOS,), pad_id=PAD,
+                          decode_chunk=4)
   model, tokens, valid, out = _sample(tiny_checkpoints[family], config, key=3)
   logits = response_logits(model, tokens, valid, out.tokens_BxN, out.mask_BxN)
   learner = token_logprobs(logits, out.tokens_BxN, temperature)
@@ -85,7 +89,7 @@ def test_sampler_runs_sharded_over_eight_devices(tiny_checkpoints):
   graphdef, state = nnx.split(model)
   prompts = [[5 + i, 6, 7 + (i % 3)] for i in range(16)]
   tokens, valid = left_pad(prompts, PAD)
-  config = SamplingConfig(max_new_tokens=8, temperature=1.0, eos_ids=(EOS,), pad_id=PAD)
+  config = SamplingConfig(max_new_tokens=8, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, decode_chunk=3)
   sampler = Sampler(graphdef, config)
   batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   sharded = sampler(jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
@@ -95,6 +99,31 @@ def test_sampler_runs_sharded_over_eight_devices(tiny_checkpoints):
   single = sampler(state, tokens, valid, jax.random.key(5))
   np.testing.assert_array_equal(sharded.tokens_BxN, single.tokens_BxN)
   np.testing.assert_allclose(sharded.logprobs_BxN, single.logprobs_BxN, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", ["native", "int8"])
+def test_chunked_decode_equals_one_loop_over_the_full_cache(tiny_checkpoints, kv_dtype):
+  outs = [_sample(tiny_checkpoints["qwen3"], SamplingConfig(max_new_tokens=10, temperature=1.0, eos_ids=(EOS,),
+                                                            pad_id=PAD, kv_dtype=kv_dtype, decode_chunk=chunk),
+                  key=4)[3] for chunk in (0, 3)]
+  np.testing.assert_array_equal(outs[0].tokens_BxN, outs[1].tokens_BxN)
+  np.testing.assert_array_equal(outs[0].mask_BxN, outs[1].mask_BxN)
+  np.testing.assert_allclose(outs[0].logprobs_BxN, outs[1].logprobs_BxN, atol=1e-5)
+
+
+def test_kv_cache_grows_with_empty_slots_and_refuses_to_shrink():
+  cache = KVCache.init(batch=2, slots=3, num_layers=1, num_kv_heads=2, head_dim=4, compute_dtype=jnp.float32,
+                       kv_dtype="int8")
+  cache = cache.replace(layers=[cache.layers[0].write(jnp.ones((2, 3, 2, 4)), jnp.ones((2, 3, 2, 4)), 0)],
+                        valid_BxS=jnp.ones((2, 3), bool))
+  grown = cache.grow(5)
+  k, v = grown.layers[0].read(jnp.float32)
+  assert grown.slots == 5 and k.shape == (2, 2, 4, 5) and v.shape == (2, 2, 5, 4)
+  np.testing.assert_allclose(k[..., :3], 1.0, rtol=1e-2)
+  np.testing.assert_array_equal(k[..., 3:], 0.0)
+  np.testing.assert_array_equal(grown.valid_BxS, [[True] * 3 + [False] * 2] * 2)
+  with pytest.raises(ValueError, match="cannot shrink"):
+    grown.grow(4)
 
 
 def test_top_logprobs_are_returned(tiny_checkpoints):

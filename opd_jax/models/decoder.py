@@ -11,7 +11,7 @@ future. Rows with no real key (pure padding) get uniform attention instead of Na
 meaningless and every caller masks them.
 
 KV cache: any pytree object with `.valid_BxS`, `.layers` (one per layer, each with `write(k, v, index)`
--> new layer cache and `read(dtype)` -> (k_BxSxKxH, v_BxSxKxH)) and `replace(layers=..., valid_BxS=...)`.
+-> new layer cache and `read(dtype)` -> (k_BxKxHxS, v_BxKxSxH)) and `replace(layers=..., valid_BxS=...)`.
 `opd_jax.rollout.kv_cache` provides bf16 / int8 / fp8 caches; the model only calls these methods.
 """
 
@@ -49,6 +49,23 @@ def apply_rope(x_BxTxNxH: jax.Array, cos_BxTxH: jax.Array, sin_BxTxH: jax.Array)
   return (x_BxTxNxH * cos + rotated * sin).astype(x_BxTxNxH.dtype)
 
 
+def _attend(q_BxTxKxGxH, k, v, mask_BxTxS, specs: tuple[str, str], dtype) -> jax.Array:
+  """softmax(q k^T / sqrt(H)) v over the unmasked keys; `specs` are the einsum layouts of k and v. A single
+  query (T = 1, decode) drops its time axis from the matmuls: with it, XLA:CPU leaves the matmul library for
+  a generic dot several times slower."""
+  H = q_BxTxKxGxH.shape[-1]
+  k_spec, v_spec = specs
+  if q_BxTxKxGxH.shape[1] == 1:
+    q, q_spec, s_spec, mask = q_BxTxKxGxH[:, 0], "bkgh", "bkgs", mask_BxTxS[:, None]
+  else:
+    q, q_spec, s_spec, mask = q_BxTxKxGxH, "btkgh", "bkgts", mask_BxTxS[:, None, None]
+  scores = jnp.einsum(f"{q_spec},{k_spec}->{s_spec}", q, k.astype(dtype),
+                      preferred_element_type=jnp.float32) * (H ** -0.5)
+  probs = jax.nn.softmax(jnp.where(mask, scores, _MASKED), axis=-1).astype(dtype)
+  out = jnp.einsum(f"{s_spec},{v_spec}->{q_spec}", probs, v.astype(dtype))
+  return out[:, None] if q_BxTxKxGxH.shape[1] == 1 else out  # [B, T, K, G, H]
+
+
 class Attention(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
@@ -76,17 +93,15 @@ class Attention(nnx.Module):
       q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
     q_BxTxNxH = apply_rope(q_BxTxNxH, cos_BxTxH, sin_BxTxH)
     k_BxTxKxH = apply_rope(k_BxTxKxH, cos_BxTxH, sin_BxTxH)
-    if layer_cache is not None:
-      layer_cache = layer_cache.write(k_BxTxKxH, v_BxTxKxH, cache_index)
-      k_BxSxKxH, v_BxSxKxH = layer_cache.read(self.dtype)
-    else:
-      k_BxSxKxH, v_BxSxKxH = k_BxTxKxH, v_BxTxKxH
     q_BxTxKxGxH = q_BxTxNxH.reshape(B, T, K, G, H)
-    scores_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH.astype(self.dtype),
-                                  preferred_element_type=jnp.float32) * (H ** -0.5)
-    scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _MASKED)
-    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(self.dtype)
-    out_BxTxKxGxH = jnp.einsum("bkgts,bskh->btkgh", probs_BxKxGxTxS, v_BxSxKxH.astype(self.dtype))
+    if layer_cache is None:
+      specs = ("bskh", "bskh")  # keys and values as computed: [B, S=T, K, H]
+      k, v = k_BxTxKxH, v_BxTxKxH
+    else:
+      layer_cache = layer_cache.write(k_BxTxKxH, v_BxTxKxH, cache_index)
+      specs = ("bkhs", "bksh")  # see rollout.kv_cache: k_BxKxHxS, v_BxKxSxH
+      k, v = layer_cache.read(self.dtype)
+    out_BxTxKxGxH = _attend(q_BxTxKxGxH, k, v, mask_BxTxS, specs, self.dtype)
     return self.o_proj(out_BxTxKxGxH.reshape(B, T, K * G * H)), layer_cache
 
 

@@ -2,12 +2,21 @@
 
 Legend: B batch, S cache slots, K kv heads, H head dim, T tokens written at once.
 
+Layout: keys are stored [B, K, H, S] and values [B, K, S, H]: per (batch, kv head) these are the right-hand
+operands of the two attention matmuls (q @ keys, probs @ values) in the [contracted, free] form matmul
+kernels read in place. The token-major [B, S, K, H] layout made XLA transpose the whole cache of every layer
+on every decode step, and on CPU decode attention was then 3x slower (`python launch/bench_sampler.py`).
+
 kv_dtype:
   "native"    keys/values kept in the model's compute dtype (no mismatch; the default)
   "bf16"      rounded to bfloat16
   "int8"      symmetric int8, one float32 scale per (token, kv head): scale = max|x| / 127
   "fp8_e4m3"  float8_e4m3fn, one float32 scale per (token, kv head): scale = max|x| / 448
 Attention reads dequantized values (values * scale) in the compute dtype.
+
+fp8 values are kept as their bit patterns in uint8 buffers (same bytes): XLA:CPU has no fp8 arithmetic
+and widened every in-place update of a float8 buffer into a convert of the whole cache to f16 and back,
+which made an fp8 cache 7x slower than a native one. Reads bitcast back to float8 and convert.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 KV_DTYPES = ("native", "bf16", "int8", "fp8_e4m3")
-_STORAGE = {"bf16": jnp.bfloat16, "int8": jnp.int8, "fp8_e4m3": jnp.float8_e4m3fn}
+_STORAGE = {"bf16": jnp.bfloat16, "int8": jnp.int8, "fp8_e4m3": jnp.uint8}  # buffer dtypes (fp8: bits)
 _QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 
 
@@ -39,41 +48,65 @@ def _quantize(x_BxTxKxH: jax.Array, kv_dtype: str):
   scale_BxTxKx1 = jnp.where(scale_BxTxKx1 > 0, scale_BxTxKx1, 1.0)
   scaled = x32 / scale_BxTxKx1
   if kv_dtype == "int8":
-    scaled = jnp.clip(jnp.round(scaled), -127, 127)
-  return scaled.astype(_STORAGE[kv_dtype]), scale_BxTxKx1
+    return jnp.clip(jnp.round(scaled), -127, 127).astype(jnp.int8), scale_BxTxKx1
+  return jax.lax.bitcast_convert_type(scaled.astype(jnp.float8_e4m3fn), jnp.uint8), scale_BxTxKx1
+
+
+def _dequantize(values, scale, kv_dtype: str, dtype) -> jax.Array:
+  """Stored values (and scales) -> what attention reads, in `dtype`."""
+  if scale is None:
+    return values.astype(dtype)
+  if kv_dtype == "fp8_e4m3":
+    values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
+  return (values.astype(jnp.float32) * scale).astype(dtype)
 
 
 def quantize_dequantize(x_BxTxKxH: jax.Array, kv_dtype: str) -> jax.Array:
   """What attention reads back after storing `x` in `kv_dtype` (for tests and error measurements)."""
-  values, scale = _quantize(x_BxTxKxH, check_kv_dtype(kv_dtype))
-  return values.astype(x_BxTxKxH.dtype) if scale is None else (values.astype(jnp.float32) * scale).astype(
-      x_BxTxKxH.dtype)
+  kv_dtype = check_kv_dtype(kv_dtype)
+  values, scale = _quantize(x_BxTxKxH, kv_dtype)
+  return _dequantize(values, scale, kv_dtype, x_BxTxKxH.dtype)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerKV:
-  k_BxSxKxH: jax.Array
-  v_BxSxKxH: jax.Array
-  k_scale_BxSxKx1: jax.Array | None
-  v_scale_BxSxKx1: jax.Array | None
+  k_BxKxHxS: jax.Array
+  v_BxKxSxH: jax.Array
+  k_scale_BxKx1xS: jax.Array | None
+  v_scale_BxKxSx1: jax.Array | None
   kv_dtype: str = dataclasses.field(metadata=dict(static=True))
 
   def write(self, k_BxTxKxH, v_BxTxKxH, index) -> "LayerKV":
     k, k_scale = _quantize(k_BxTxKxH, self.kv_dtype)
     v, v_scale = _quantize(v_BxTxKxH, self.kv_dtype)
-    put = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (0, index, 0, 0))
+    # [B, T, K, h] -> keys [B, K, h, T] / values [B, K, T, h], written at slots index .. index + T - 1
+    put_k = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.transpose(0, 2, 3, 1).astype(buf.dtype),
+                                                        (0, 0, 0, index))
+    put_v = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.transpose(0, 2, 1, 3).astype(buf.dtype),
+                                                        (0, 0, index, 0))
     return dataclasses.replace(
-        self, k_BxSxKxH=put(self.k_BxSxKxH, k), v_BxSxKxH=put(self.v_BxSxKxH, v),
-        k_scale_BxSxKx1=None if k_scale is None else put(self.k_scale_BxSxKx1, k_scale),
-        v_scale_BxSxKx1=None if v_scale is None else put(self.v_scale_BxSxKx1, v_scale))
+        self, k_BxKxHxS=put_k(self.k_BxKxHxS, k), v_BxKxSxH=put_v(self.v_BxKxSxH, v),
+        k_scale_BxKx1xS=None if k_scale is None else put_k(self.k_scale_BxKx1xS, k_scale),
+        v_scale_BxKxSx1=None if v_scale is None else put_v(self.v_scale_BxKxSx1, v_scale))
+
+  def grow(self, slots: int) -> "LayerKV":
+    """The same cache with empty slots (values 0, scales 1, as `KVCache.init` makes them) appended up to
+    `slots`; a copy."""
+    def pad(x, axis, fill):
+      if x is None:
+        return None
+      widths = [(0, slots - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)]
+      return jnp.pad(x, widths, constant_values=fill)
+
+    return dataclasses.replace(self, k_BxKxHxS=pad(self.k_BxKxHxS, 3, 0), v_BxKxSxH=pad(self.v_BxKxSxH, 2, 0),
+                               k_scale_BxKx1xS=pad(self.k_scale_BxKx1xS, 3, 1),
+                               v_scale_BxKxSx1=pad(self.v_scale_BxKxSx1, 2, 1))
 
   def read(self, dtype):
-    if self.k_scale_BxSxKx1 is None:
-      return self.k_BxSxKxH.astype(dtype), self.v_BxSxKxH.astype(dtype)
-    k = self.k_BxSxKxH.astype(jnp.float32) * self.k_scale_BxSxKx1
-    v = self.v_BxSxKxH.astype(jnp.float32) * self.v_scale_BxSxKx1
-    return k.astype(dtype), v.astype(dtype)
+    """(k_BxKxHxS, v_BxKxSxH) dequantized to `dtype`."""
+    return (_dequantize(self.k_BxKxHxS, self.k_scale_BxKx1xS, self.kv_dtype, dtype),
+            _dequantize(self.v_BxKxSxH, self.v_scale_BxKxSx1, self.kv_dtype, dtype))
 
 
 @jax.tree_util.register_dataclass
@@ -85,17 +118,29 @@ class KVCache:
   def replace(self, **changes) -> "KVCache":
     return dataclasses.replace(self, **changes)
 
+  @property
+  def slots(self) -> int:
+    return self.valid_BxS.shape[1]
+
+  def grow(self, slots: int) -> "KVCache":
+    """The same cache with `slots` slots, the new ones empty (a copy; attention reads every slot, so a
+    decoder grows its cache as it fills instead of reading a full-length one from the first step)."""
+    if slots < self.slots:
+      raise ValueError(f"cannot shrink a KV cache from {self.slots} to {slots} slots")
+    valid_BxS = jnp.pad(self.valid_BxS, [(0, 0), (0, slots - self.slots)])
+    return self.replace(layers=[layer.grow(slots) for layer in self.layers], valid_BxS=valid_BxS)
+
   @classmethod
   def init(cls, *, batch: int, slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
            compute_dtype, kv_dtype: str = "native") -> "KVCache":
     kv_dtype = check_kv_dtype(kv_dtype)
     storage = _STORAGE.get(kv_dtype, compute_dtype)
-    shape = (batch, slots, num_kv_heads, head_dim)
-    scaled = kv_dtype in _QMAX
+    B, S, K, H = batch, slots, num_kv_heads, head_dim
+    scale = lambda shape: jnp.ones(shape, jnp.float32) if kv_dtype in _QMAX else None  # per (token, head)
 
     def layer():
-      scale = lambda: jnp.ones(shape[:3] + (1,), jnp.float32) if scaled else None
-      return LayerKV(jnp.zeros(shape, storage), jnp.zeros(shape, storage), scale(), scale(), kv_dtype)
+      return LayerKV(jnp.zeros((B, K, H, S), storage), jnp.zeros((B, K, S, H), storage),
+                     scale((B, K, 1, S)), scale((B, K, S, 1)), kv_dtype)
 
     return cls(layers=[layer() for _ in range(num_layers)], valid_BxS=jnp.zeros((batch, slots), bool))
 
