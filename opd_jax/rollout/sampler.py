@@ -1,7 +1,9 @@
-"""Batched autoregressive sampler: one jitted prefill + an XLA while-loop decode over a preallocated KV cache.
+"""Batched autoregressive sampler: one jitted prefill + XLA while-loop decoding over a KV cache.
 
-Legend: B batch, P prompt length (left-padded), N max new tokens, S = P + N cache slots, V vocab,
-K returned top logits.
+Legend: B batch, P prompt length (left-padded), N max new tokens, V vocab, K returned top logits.
+
+Decoding runs as a few while-loops in one jitted program (see `SamplingConfig.decode_chunk`); before each,
+the cache grows to exactly the slots that loop fills, so attention never reads slots that are still empty.
 
 Prompts are left-padded (`prompt_valid_BxP` marks real tokens; every row needs at least one), so every row's
 last prompt token sits in column P-1 and decoding writes slot P + t for all rows at once. RoPE positions
