@@ -39,7 +39,7 @@ class SamplingConfig:
   logits_top_k: int = 0  # also return the top-k log-probs (temperature 1, unfiltered) per position; 0 = none
   # Decode steps per compiled loop; each loop runs over a KV cache grown only to the slots it fills, since
   # attention reads every slot it is given (at 128 new tokens this is 10-15% faster on CPU). Every loop is
-  # compiled separately. 0 = automatic: max(16, ceil(max_new_tokens / 4)), i.e. at most four loops.
+  # compiled separately. 0 = automatic: max(32, ceil(max_new_tokens / 4)), i.e. at most four loops.
   decode_chunk: int = 0
 
   def __post_init__(self):
@@ -146,7 +146,7 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
     return t + 1, cache, key, buffers, done_B
 
   # Step t feeds token t - 1 into slot P + t - 1, so steps [start, stop) need P + stop - 1 slots.
-  chunk = config.decode_chunk or max(16, -(-N // 4))
+  chunk = config.decode_chunk or max(32, -(-N // 4))
   carry = (jnp.int32(1), cache, key, buffers, done_B)
   for stop in [*range(1 + chunk, N, chunk), N]:
     carry = carry[:1] + (carry[1].grow(P + stop - 1),) + carry[2:]
