@@ -72,13 +72,14 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 64  # response budget; the embedded task needs <= 64
 
   c.objective = ml_collections.ConfigDict()  # see opd_jax/objectives/losses.py
-  c.objective.name = "reverse_kl_pg"  # reverse_kl_pg | reverse_kl | forward_kl | jsd | *_topk variants
+  c.objective.name = "reverse_kl_pg"  # reverse_kl_pg | reverse_kl | forward_kl | jsd | *_topk | grpo (RL baseline)
   c.objective.student_logp = "learner"  # reverse_kl_pg advantage uses the learner's or the sampler's log pi_S
   c.objective.importance = "none"  # reverse_kl_pg token weights: none | tis | mis
   c.objective.is_cap = 2.0  # C for tis / mis
   c.objective.beta = 0.5  # jsd interpolation
   c.objective.top_k = 16  # support of the *_topk objectives
   c.objective.temperature = 1.0  # full-vocabulary objectives divide both logits by this
+  c.objective.group_size = 8  # grpo: responses per prompt (train.batch_size / group_size distinct prompts)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 1e-3  # AdamW peak learning rate

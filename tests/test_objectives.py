@@ -61,6 +61,34 @@ def test_reverse_kl_pg_gradient(data, importance, student_logp):
   np.testing.assert_allclose(grad, expected, atol=2e-6)
 
 
+def test_group_advantages_standardize_within_each_prompt():
+  reward = jnp.asarray([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])  # two groups of four
+  advantage = np.asarray(losses.group_advantages(reward, 4))
+  first = np.array([1.0, 0.0, 0.0, 0.0])
+  np.testing.assert_allclose(advantage[:4], (first - first.mean()) / (first.std() + 1e-6), rtol=1e-5)
+  np.testing.assert_array_equal(advantage[4:], 0.0)  # all correct: no signal
+
+
+@pytest.mark.parametrize("importance", ["none", "tis"])
+def test_grpo_gradient(data, importance):
+  config = ObjectiveConfig(name="grpo", importance=importance, is_cap=1.5, group_size=3)
+  advantage = np.array([1.2, -0.4, 0.7], np.float32)
+
+  def loss(student_logits):
+    learner_logp = token_logprobs(student_logits, jnp.asarray(data["tokens"])) * data["mask"]
+    inputs = LossInputs(student_logits, learner_logp, jnp.asarray(data["sampler_logp"]), jnp.zeros((B, R)), None,
+                        jnp.asarray(data["mask"]), jnp.asarray(advantage))
+    return compute_loss(inputs, config)[0]
+
+  grad = np.asarray(jax.grad(loss)(jnp.asarray(data["student"])), np.float64)
+  s, m = data["student"].astype(np.float64), data["mask"].astype(np.float64)
+  ratio = np.exp(_np_token_logp(s, data["tokens"]) - data["sampler_logp"].astype(np.float64))
+  w = np.minimum(ratio, 1.5) if importance == "tis" else np.ones_like(ratio)
+  onehot = np.eye(V)[data["tokens"]]
+  expected = -(w * advantage[:, None] * m)[..., None] * (onehot - np.exp(_np_log_softmax(s))) / m.sum()
+  np.testing.assert_allclose(grad, expected, atol=2e-6)
+
+
 def test_full_vocabulary_kl_gradients(data):
   s, t, m = (data["student"].astype(np.float64), data["teacher"].astype(np.float64),
              data["mask"].astype(np.float64))
@@ -166,4 +194,6 @@ def test_objective_config_errors():
     ObjectiveConfig(importance="ppo")
   with pytest.raises(ValueError, match="objective.student_logp"):
     ObjectiveConfig(student_logp="teacher")
-  assert set(losses.OBJECTIVES) >= {"reverse_kl_pg", "reverse_kl", "forward_kl", "jsd"}
+  with pytest.raises(ValueError, match="objective.group_size must be >= 2 for grpo"):
+    ObjectiveConfig(name="grpo", group_size=1)
+  assert set(losses.OBJECTIVES) >= {"reverse_kl_pg", "reverse_kl", "forward_kl", "jsd", "grpo"}

@@ -15,11 +15,15 @@ from flax import nnx
 from configs import common
 from opd_jax.models import load_pretrained
 from opd_jax.models import sharding as shard_lib
+from opd_jax.objectives import losses
+from opd_jax.objectives.logprobs import response_logits, token_logprobs
 from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
 from opd_jax.train.loop import check_config, train
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.objectives.logprobs import score
+from opd_jax.train.rollouts import RolloutProducer
 from opd_jax.train.step import RolloutBatch, TrainState, train_step
 
 
@@ -156,7 +160,48 @@ def test_async_mode_bounds_staleness(tiny_pair, tmp_path):
   assert all(0 <= r["rollout/version_lag"] <= 2 for r in rows)
 
 
+def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair):
+  student, teacher = load_pretrained(tiny_pair["student"]), load_pretrained(tiny_pair["teacher"])
+  graphdef, params = nnx.split(student)
+  t_graphdef, t_state = nnx.split(teacher)
+  rollout = RolloutConfig(max_new_tokens=8)
+  even_first_token = lambda index_B, tokens, mask: (tokens[:, 0] % 2 == 0).astype(np.float32)
+  producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=t_graphdef, teacher_state=t_state,
+                             rollout=rollout, sampler=Sampler(graphdef, rollout.sampling(eos_ids=(1,), pad_id=0)),
+                             need_teacher_logits=False, put_batch=jnp.asarray, seed=0,
+                             reward_fn=even_first_token, group_size=4)
+  prompts, valid = left_pad([[5, 6, 7], [8, 9]], 0)
+  batch = producer.produce(0, 0, params, {"prompt_BxP": prompts, "prompt_valid_BxP": valid,
+                                          "index_B": np.array([7, 9])})
+  np.testing.assert_array_equal(batch.prompt_BxP, np.repeat(prompts, 4, axis=0))
+  reward = (np.asarray(batch.response_BxR[:, 0]) % 2 == 0).astype(np.float32)
+  np.testing.assert_array_equal(batch.reward_B, reward)
+  np.testing.assert_allclose(batch.advantage_B, losses.group_advantages(jnp.asarray(reward), 4), rtol=1e-6)
+  assert np.abs(np.asarray(batch.advantage_B)).max() > 0  # this seed has mixed rewards in a group
+
+  def response_logp(p):
+    logits = response_logits(nnx.merge(graphdef, p), batch.prompt_BxP, batch.prompt_valid_BxP,
+                             batch.response_BxR, batch.mask_BxR)
+    return np.asarray((token_logprobs(logits, batch.response_BxR) * batch.mask_BxR).sum(1))
+
+  state, _ = _step(graphdef, params, batch, shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
+                   ObjectiveConfig(name="grpo", group_size=4))
+  # One update raises the log-probability of above-average responses relative to below-average ones.
+  assert float(np.sum(np.asarray(batch.advantage_B) * (response_logp(state.params) - response_logp(params)))) > 0
+
+
+def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
+  overrides = {"objective.name": "grpo", "objective.group_size": 4, "rollout.weights": "int8"}
+  train(_config(tiny_pair, **overrides), str(tmp_path))
+  rows = [r for r in _rows(tmp_path) if "loss" in r]
+  assert [r["step"] for r in rows] == [2, 4, 6]
+  for r in rows:
+    assert 0.0 <= r["rollout/reward"] <= 1.0 and 0.0 <= r["opd/zero_advantage_fraction"] <= 1.0
+    assert r["mismatch/k3"] > 0 and np.isfinite(r["opd/reverse_kl"])  # same rollouts, same KL-to-teacher scale
+
+
 @pytest.mark.parametrize("override,message", [
+    ({"objective.name": "grpo", "objective.group_size": 3}, "not divisible by objective.group_size=3"),
     ({"objective.name": "kl"}, "objective.name 'kl' is unknown"),
     ({"train.batch_size": 12}, r"train.batch_size=12 is not divisible by the mesh's batch ways data\*fsdp=8\*1"),
     ({"rollout.kv_cache": "int4"}, "kv cache dtype 'int4'"),

@@ -14,6 +14,12 @@ tokens a_t. Log-probs and logits are float32.
   reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix.
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
+  grpo           the RL baseline under identical rollouts (no teacher in the loss): each prompt is sampled
+                 group_size times, a response's reward is 1 if its final answer is correct, and its advantage
+                 A = (r - mean_group(r)) / (std_group(r) + 1e-6) (GRPO, Shao et al. 2024) is shared by all
+                 its tokens. loss = -mean_t(w_t * A * log pi_theta(a_t)) over all response tokens of the
+                 batch, w_t as above. One update per batch, so PPO's ratio clipping never binds and is left
+                 out, as is a KL penalty to a reference model (as in DAPO / Dr. GRPO).
   *_topk         the same three on the teacher's top-k support plus one tail bin: both distributions are
                  coarse-grained to (top-k tokens of pi_T, everything else). The tail bin keeps the divergence
                  well defined and, by the data-processing inequality, a lower bound on the full one; it is exact
@@ -42,6 +48,7 @@ class ObjectiveConfig:
   beta: float = 0.5  # jsd / jsd_topk
   top_k: int = 16  # *_topk support size
   temperature: float = 1.0  # divides student and teacher logits in the full-vocabulary objectives
+  group_size: int = 8  # grpo: responses sampled per prompt
 
   def __post_init__(self):
     if self.name not in OBJECTIVES:
@@ -50,13 +57,21 @@ class ObjectiveConfig:
       raise ValueError(f"objective.importance must be one of {IMPORTANCE}, got {self.importance!r}")
     if self.student_logp not in STUDENT_LOGP:
       raise ValueError(f"objective.student_logp must be one of {STUDENT_LOGP}, got {self.student_logp!r}")
+    if self.name == "grpo" and self.group_size < 2:
+      raise ValueError(f"objective.group_size must be >= 2 for grpo (advantages compare responses to the "
+                       f"same prompt), got {self.group_size}")
     if self.is_cap <= 1 or not 0 <= self.beta <= 1 or self.top_k < 1 or self.temperature <= 0:
       raise ValueError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
                        f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
 
   @property
   def needs_teacher_logits(self) -> bool:
-    return self.name != "reverse_kl_pg"
+    return self.name not in ("reverse_kl_pg", "grpo")
+
+  @property
+  def prompts_per_batch_divisor(self) -> int:
+    """Responses per prompt: the batch holds batch_size / this distinct prompts."""
+    return self.group_size if self.name == "grpo" else 1
 
 
 def masked_mean(x_BxR: jax.Array, mask_BxR: jax.Array) -> jax.Array:
@@ -106,6 +121,15 @@ def topk_coarse_grain(student_logits_BxRxV, teacher_logits_BxRxV, k: int, temper
   return with_tail(student_top_BxRxK), with_tail(teacher_top_BxRxK)
 
 
+def group_advantages(reward_B: jax.Array, group_size: int) -> jax.Array:
+  """GRPO advantages: rewards standardized within consecutive groups of `group_size` rows (one prompt each).
+  A group whose responses all got the same reward has advantage 0: it carries no learning signal."""
+  reward_GxN = reward_B.reshape(-1, group_size).astype(jnp.float32)
+  mean_Gx1 = jnp.mean(reward_GxN, axis=1, keepdims=True)
+  std_Gx1 = jnp.std(reward_GxN, axis=1, keepdims=True)
+  return ((reward_GxN - mean_Gx1) / (std_Gx1 + 1e-6)).reshape(-1)
+
+
 def importance_weights(learner_logp_BxR, sampler_logp_BxR, kind: str, cap: float) -> jax.Array:
   """Detached per-token weights from the ratio pi_theta / mu."""
   ratio_BxR = jnp.exp(jnp.clip(jax.lax.stop_gradient(learner_logp_BxR - sampler_logp_BxR), -20.0, 20.0))
@@ -125,6 +149,7 @@ class LossInputs:
   teacher_logp_BxR: jax.Array  # log pi_T(a_t)
   teacher_logits_BxRxV: jax.Array | None  # needed by the full-vocabulary objectives
   mask_BxR: jax.Array
+  advantage_B: jax.Array | None = None  # grpo: group-standardized reward of each response
 
 
 def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
@@ -134,6 +159,16 @@ def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
   loss = -masked_mean(weights_BxR * advantage_BxR * x.learner_logp_BxR, x.mask_BxR)
   return loss, {"advantage": masked_mean(advantage_BxR, x.mask_BxR),
                 "is_weight": masked_mean(weights_BxR, x.mask_BxR)}
+
+
+def _grpo(x: LossInputs, c: ObjectiveConfig):
+  if x.advantage_B is None:
+    raise ValueError("objective grpo needs rollouts with rewards (advantage_B); the training loop adds them")
+  advantage_BxR = jax.lax.stop_gradient(x.advantage_B)[:, None] * x.mask_BxR
+  weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
+  loss = -masked_mean(weights_BxR * advantage_BxR * x.learner_logp_BxR, x.mask_BxR)
+  return loss, {"is_weight": masked_mean(weights_BxR, x.mask_BxR),
+                "zero_advantage_fraction": jnp.mean((jnp.abs(x.advantage_B) < 1e-3).astype(jnp.float32))}
 
 
 def _full(beta: float | None, topk: bool):
@@ -150,6 +185,7 @@ def _full(beta: float | None, topk: bool):
 
 OBJECTIVES: dict[str, Callable] = {
     "reverse_kl_pg": _reverse_kl_pg,
+    "grpo": _grpo,
     "reverse_kl": _full(1.0, topk=False),
     "forward_kl": _full(0.0, topk=False),
     "jsd": _full(None, topk=False),

@@ -37,6 +37,18 @@ def make_reverse_kl_fn(student_graphdef, teacher_graphdef, teacher_state):
   return reverse_kl
 
 
+def answer_reward_fn(tokenizer, problems: list[Problem]) -> Callable:
+  """(index_B, tokens_BxR, mask_BxR) -> numpy reward_B: 1.0 where the response's final answer is correct for
+  problems[index], else 0.0 (the same grader as held-out accuracy)."""
+
+  def reward(index_B, tokens_BxR, mask_BxR) -> np.ndarray:
+    texts = decode_responses(tokenizer, tokens_BxR, mask_BxR)
+    return np.asarray([float(is_correct(text, problems[int(i)].answer)) for text, i in zip(texts, index_B)],
+                      np.float32)
+
+  return reward
+
+
 def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
              batch_size: int, key: jax.Array, use_chat_template: bool = False,
              put: Callable = lambda x: x, reverse_kl_fn=None) -> dict[str, float]:

@@ -45,6 +45,10 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
     if not isinstance(t[field], int) or t[field] < 1:
       raise ValueError(f"train.{field} must be a positive integer, got {t[field]!r}")
   data, _, _ = shard_lib.mesh_shape(m.data, m.fsdp, m.tensor, device_count or jax.device_count())
+  group = objective.prompts_per_batch_divisor
+  if t.batch_size % group:
+    raise ValueError(f"train.batch_size={t.batch_size} is not divisible by objective.group_size={group} "
+                     "(grpo samples every prompt group_size times); change one of them")
   for field in ("batch_size", "eval_batch_size"):
     if t[field] % (data * m.fsdp):
       raise ValueError(f"train.{field}={t[field]} is not divisible by the mesh's batch ways "
@@ -93,8 +97,10 @@ def train(config, workdir: str) -> dict:
   d = config.data
   train_problems = get_problems(d.source, "train", d.train_size, d.seed, _task(config), d.train_file, d.heldout_file)
   heldout = get_problems(d.source, "heldout", t.eval_size, d.seed, _task(config), d.train_file, d.heldout_file)
-  prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size, max_prompt_tokens=d.max_prompt_tokens,
-                           seed=d.seed, use_chat_template=d.use_chat_template)
+  group = objective.prompts_per_batch_divisor  # grpo: each prompt is sampled `group` times per batch
+  prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size // group,
+                           max_prompt_tokens=d.max_prompt_tokens, seed=d.seed,
+                           use_chat_template=d.use_chat_template)
 
   # Learner.
   o = config.optimizer
@@ -114,7 +120,9 @@ def train(config, workdir: str) -> dict:
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
                              teacher_state=teacher_state, rollout=rollout, sampler=sampler,
                              need_teacher_logits=objective.needs_teacher_logits, put_batch=put_batch,
-                             seed=config.seed, split_mismatch=rollout.staleness_steps > 0 or t.mode == "async")
+                             seed=config.seed, split_mismatch=rollout.staleness_steps > 0 or t.mode == "async",
+                             reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems) if group > 1 else None,
+                             group_size=group)
 
   # Evaluation: the student's own greedy and sampled answers, no mismatch knobs.
   eval_samplers = {"": Sampler(graphdef, SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=0.0,

@@ -3,7 +3,9 @@
 `RolloutProducer.produce(index, version, params, prompts)` turns one prompt batch into a `RolloutBatch`:
 the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
 scoring, and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
-that split the mismatch into its two factors. The PRNG key of batch `index` is
+that split the mismatch into its two factors. With a reward function (the GRPO baseline) every prompt is
+repeated group_size times, responses are graded and rewards standardized within each prompt's group; the
+teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The PRNG key of batch `index` is
 fold_in(key(seed), index), so a resumed run draws the same samples.
 
 `AsyncRollouts` runs the producer in a background thread ahead of the learner: batch i may use any learner
@@ -18,12 +20,16 @@ import functools
 import queue
 import threading
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.objectives.logprobs import score
+from opd_jax.objectives.losses import group_advantages
 from opd_jax.train.step import RolloutBatch
 
 
@@ -38,10 +44,16 @@ class Produced:
 class RolloutProducer:
 
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
-               need_teacher_logits: bool, put_batch, seed: int, split_mismatch: bool = False):
+               need_teacher_logits: bool, put_batch, seed: int, split_mismatch: bool = False,
+               reward_fn: Callable | None = None, group_size: int = 1):
     """split_mismatch: score every batch with the dense learner version that generated it too, so the train step
-    can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist)."""
+    can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist).
+    reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host), with group_size > 1:
+    sample each prompt group_size times and attach rewards and group advantages (GRPO)."""
+    if group_size > 1 and reward_fn is None:
+      raise ValueError("group_size > 1 needs a reward_fn: groups only matter for reward advantages")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
+    self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     temperature = rollout.temperature
@@ -52,6 +64,8 @@ class RolloutProducer:
     self._split = split_mismatch and (rollout.changes_weights or rollout.kv_cache != "native")
 
   def produce(self, index: int, version: int, params, prompts: dict) -> RolloutBatch:
+    if self.group_size > 1:  # rows g*G .. g*G + G - 1 answer the same prompt
+      prompts = {k: np.repeat(v, self.group_size, axis=0) for k, v in prompts.items()}
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
     sampler_state = build_sampler_state(params, self.rollout, jnp.int32(version))
@@ -61,8 +75,14 @@ class RolloutProducer:
     snapshot_logp = None
     if self._split:
       snapshot_logp, _ = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
+    reward, advantage = None, None
+    if self.reward_fn is not None:
+      tokens, mask = jax.device_get((out.tokens_BxN, out.mask_BxN))
+      reward_B = np.asarray(self.reward_fn(prompts["index_B"], tokens, mask), np.float32)
+      reward = self.put_batch(reward_B)
+      advantage = self.put_batch(np.asarray(group_advantages(reward_B, self.group_size)))
     return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher_logp,
-                        teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp)
+                        teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp, reward, advantage)
 
 
 class AsyncRollouts:

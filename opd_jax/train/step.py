@@ -48,6 +48,8 @@ class RolloutBatch:
   sampler_top_logprobs_BxRxK: jax.Array | None = None
   sampler_top_ids_BxRxK: jax.Array | None = None
   snapshot_logp_BxR: jax.Array | None = None
+  reward_B: jax.Array | None = None  # grader reward of each response (grpo)
+  advantage_B: jax.Array | None = None  # group-standardized reward (grpo)
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
@@ -65,7 +67,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
     logits_BxRxV = response_logits(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask)
     learner_logp_BxR = token_logprobs(logits_BxRxV, batch.response_BxR, temperature) * mask
     inputs = LossInputs(logits_BxRxV, learner_logp_BxR, batch.sampler_logp_BxR, batch.teacher_logp_BxR,
-                        batch.teacher_logits_BxRxV, mask)
+                        batch.teacher_logits_BxRxV, mask, batch.advantage_B)
     loss, aux = compute_loss(inputs, objective)
     return loss, (aux, logits_BxRxV, learner_logp_BxR)
 
@@ -88,6 +90,8 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
       "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
       **{f"opd/{k}": v for k, v in aux.items()},
   }
+  if batch.reward_B is not None:
+    metrics["rollout/reward"] = jnp.mean(batch.reward_B)
   if not mismatch_metrics:
     return new_state, metrics
   metrics.update(_prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)))
