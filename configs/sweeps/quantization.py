@@ -1,7 +1,6 @@
 """Quantization study across all three embedded pairs: weight recipes and KV-cache dtypes.
 
-Run (under an hour on 2 CPU cores; README lists the measured wall time; fp8 weight points are the slow
-ones because XLA:CPU converts fp8 in software):
+Run (under an hour on 2 CPU cores; README lists the measured wall time):
   python launch/sweep.py --config=configs/sweeps/quantization.py --workdir=runs/sweep_quantization
 Each point is a short OPD run (base_overrides) of configs/pairN.py with the point's rollout knobs.
 """
