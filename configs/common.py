@@ -105,6 +105,11 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.vocab_metrics_top_k = -1  # sampler top-k log-probs for vocab mismatch metrics; -1 = full vocab, 0 = off
   c.train.progress_bar = True
 
+  c.distributed = ml_collections.ConfigDict()  # multi-process runs (opd_jax/train/distributed.py)
+  c.distributed.coordinator = ""  # "" = one process; "host:port" of process 0; "auto" = TPU pod / SLURM detection
+  c.distributed.num_processes = 1  # with an explicit coordinator: processes in the run
+  c.distributed.process_id = 0  # with an explicit coordinator: this process, 0 .. num_processes - 1
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel ways; -1 = all devices left after fsdp * tensor
   c.mesh.fsdp = 1  # parameter/optimizer sharding ways (batch is also split over it)

@@ -2,6 +2,11 @@
 
 Writes DIR/metrics.jsonl, DIR/tensorboard/ and orbax checkpoints under DIR/checkpoints; rerunning with the
 same workdir resumes. Exit code 2 on a config or input error (one line naming the culprit).
+
+Multi-process (one process per host; DIR must be visible to all of them), e.g. two processes:
+  python launch/train.py --config=... --config.distributed.coordinator=HOST0:8476 \
+      --config.distributed.num_processes=2 --config.distributed.process_id=I      # I = 0 and 1
+On Cloud TPU pod slices and SLURM, --config.distributed.coordinator=auto finds the rest itself.
 """
 
 import os
@@ -23,6 +28,9 @@ def main(argv):
   del argv
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", config.pair)
+  from opd_jax.train import distributed
+  d = config.distributed
+  _cli.run_or_exit(lambda: distributed.initialize(d.coordinator, d.num_processes, d.process_id))
   _cli.log_devices()
   from opd_jax.train.loop import train
   final = _cli.run_or_exit(lambda: train(config, workdir))

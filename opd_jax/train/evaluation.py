@@ -17,6 +17,7 @@ from opd_jax.data.grader import is_correct
 from opd_jax.data.task import Problem
 from opd_jax.objectives.logprobs import response_logits
 from opd_jax.rollout.sampler import Sampler
+from opd_jax.train import distributed
 
 
 def make_reverse_kl_fn(student_graphdef, teacher_graphdef, teacher_state):
@@ -70,7 +71,7 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
       weight[:len(chunk)] = 1.0
       total, count = reverse_kl_fn(state, prompts, valid, out.tokens_BxN, out.mask_BxN * put(weight))
       kl_sum, kl_count = kl_sum + float(total), kl_count + float(count)
-    tokens, mask = jax.device_get((out.tokens_BxN, out.mask_BxN))
+    tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
     texts = decode_responses(tokenizer, tokens, mask)[:len(chunk)]
     correct += [is_correct(t, p.answer) for t, p in zip(texts, chunk)]
     lengths += list(np.asarray(mask).sum(1)[:len(chunk)])

@@ -18,7 +18,12 @@ def _plain(value):
 class MetricsWriter:
   """Appends rows to workdir/metrics.jsonl (each line written and flushed whole) and to TensorBoard."""
 
-  def __init__(self, workdir: str, *, resume_step: int | None, total_steps: int, progress_bar: bool):
+  def __init__(self, workdir: str, *, resume_step: int | None, total_steps: int, progress_bar: bool,
+               enabled: bool = True):
+    """enabled=False: every method is a no-op (processes other than 0 of a multi-process run)."""
+    self.enabled = enabled
+    if not enabled:
+      return
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._truncate_after(resume_step)
     self._file = open(self.path, "a")
@@ -48,6 +53,8 @@ class MetricsWriter:
     os.replace(tmp, self.path)
 
   def write(self, step: int, metrics: dict) -> None:
+    if not self.enabled:
+      return
     row = {"step": int(step), **{k: _plain(v) if not isinstance(v, str) else v for k, v in metrics.items()}}
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
@@ -62,9 +69,12 @@ class MetricsWriter:
     self._bar.set_postfix(self._postfix, refresh=False)
 
   def advance(self, steps: int = 1) -> None:
-    self._bar.update(steps)
+    if self.enabled:
+      self._bar.update(steps)
 
   def close(self) -> None:
+    if not self.enabled:
+      return
     self._bar.close()
     self._file.close()
     self._tb.close()

@@ -19,7 +19,7 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.rollout.snapshots import SnapshotStore
-from opd_jax.train import evaluation
+from opd_jax.train import distributed, evaluation
 from opd_jax.train.checkpointing import Checkpointer
 from opd_jax.train.data import PromptPipeline
 from opd_jax.train.logging import MetricsWriter
@@ -77,11 +77,15 @@ def train(config, workdir: str) -> dict:
   Returns the final evaluation row.
   """
   rollout, objective = check_config(config)
+  if config.train.mode == "async" and jax.process_count() > 1:
+    raise ValueError("train.mode='async' samples on a second thread, whose cross-process collectives could "
+                     "interleave differently on each process; use train.mode='sync' for multi-process runs")
   os.makedirs(workdir, exist_ok=True)
   t = config.train
   mesh = shard_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   batch_sharding = shard_lib.batch_sharding(mesh)
-  put_batch = functools.partial(jax.device_put, device=batch_sharding)
+  put_batch = functools.partial(distributed.put_global, sharding=batch_sharding)
+  replicated = shard_lib.replicated(mesh)
 
   # Models: the teacher is fixed (own dtype), the student is the learner; both sharded by the same rules.
   teacher = load_pretrained(config.teacher, config.teacher_dtype, sharding_for=shard_lib.loader_shardings(mesh))
@@ -112,7 +116,7 @@ def train(config, workdir: str) -> dict:
   state = jax.device_put(state, state_shardings)
   step_fn = jax.jit(functools.partial(train_step, graphdef, optimizer, objective, rollout.temperature,
                                       objective.is_cap),
-                    in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None),
+                    in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
                     donate_argnums=(0,))
 
   vocab_k = student.config.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
@@ -167,8 +171,10 @@ def train(config, workdir: str) -> dict:
   if t.mode == "sync" and not snapshots.versions():
     snapshots.push(start_step, copy(state.params))
 
-  writer = MetricsWriter(workdir, resume_step=latest, total_steps=t.steps, progress_bar=t.progress_bar)
-  _write_run_info(workdir, config)
+  writer = MetricsWriter(workdir, resume_step=latest, total_steps=t.steps, progress_bar=t.progress_bar,
+                         enabled=distributed.is_main())
+  if distributed.is_main():
+    _write_run_info(workdir, config)
   if start_step == 0:
     writer.write(0, run_eval(state.params))
 

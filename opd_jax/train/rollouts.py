@@ -30,6 +30,7 @@ from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import group_advantages
+from opd_jax.train import distributed
 from opd_jax.train.step import RolloutBatch
 
 
@@ -77,7 +78,7 @@ class RolloutProducer:
       snapshot_logp, _ = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
     reward, advantage = None, None
     if self.reward_fn is not None:
-      tokens, mask = jax.device_get((out.tokens_BxN, out.mask_BxN))
+      tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
       reward_B = np.asarray(self.reward_fn(prompts["index_B"], tokens, mask), np.float32)
       reward = self.put_batch(reward_B)
       advantage = self.put_batch(np.asarray(group_advantages(reward_B, self.group_size)))

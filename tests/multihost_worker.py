@@ -1,0 +1,28 @@
+"""One process of a test training run: python -m tests.multihost_worker TEACHER STUDENT WORKDIR DEVICES
+[COORDINATOR NUM_PROCESSES PROCESS_ID]. Uses DEVICES simulated CPU devices; the run config is the tests' tiny
+smoke run (configs.common shrink_for_local_run)."""
+
+import os
+import sys
+
+teacher, student, workdir, devices = sys.argv[1:5]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # replaces the parent's flags
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+from configs import common  # noqa: E402
+from opd_jax.train import distributed  # noqa: E402
+from opd_jax.train.loop import train  # noqa: E402
+
+coordinator, num_processes, process_id = (sys.argv[5], int(sys.argv[6]), int(sys.argv[7])) if len(sys.argv) > 5 \
+    else ("", 1, 0)
+distributed.initialize(coordinator, num_processes, process_id)
+import jax  # noqa: E402
+
+print(f"processes={jax.process_count()} devices={jax.device_count()}", flush=True)
+config = common.base_config("tiny")
+common.shrink_for_local_run(config)
+config.teacher, config.student = teacher, student
+config.rollout.max_new_tokens = 12
+config.rollout.weights = "int8"  # a mismatch knob, so the mismatch metrics are nonzero and compared too
+config.train.progress_bar = False
+train(config, workdir)
