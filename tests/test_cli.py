@@ -40,6 +40,27 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
   assert not os.listdir(tmp_path)  # nothing written
 
 
+def test_xm_launch_builds_train_arguments_and_rejects_bad_input():
+  code = ("from launch import xm_launch as x; "
+          "print(x.train_args('configs/pair1.py', '/gcs/b/run', ['train.steps=9'], x.hosts(*x.parse_accelerator("
+          "'tpu_v3=32')))); print(x.train_args('configs/pair1.py', '/gcs/b/run', [], x.hosts('a100', 8)))")
+  result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr
+  pod, gpu = result.stdout.splitlines()
+  assert pod == str(["--config=configs/pair1.py", "--workdir=/gcs/b/run", "--config.train.progress_bar=False",
+                     "--config.train.steps=9", "--config.distributed.coordinator=auto"])  # 4 hosts
+  assert "distributed" not in gpu  # one node
+  for flags, message in [(["--accelerator=tpu_v9=8"], "unknown resource 'tpu_v9'"),
+                         (["--accelerator=tpu_v3=12"], "multiple of 8"),
+                         (["--accelerator=a100=16"], "one GPU node"),
+                         (["--accelerator=a100=x"], "positive integer"),
+                         (["--workdir=gs://b/run"], "/gcs/BUCKET"),
+                         (["--override=steps"], "expected key=value")]:
+    result = _run("launch/xm_launch.py", "--config=configs/pair1.py", "--workdir=/gcs/b/run", *flags)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and message in errors[0], (flags, result.stderr[-1500:])
+
+
 def test_admit_exit_codes(tiny_pair, tmp_path):
   base = ["launch/admit.py", "--config=configs/pair1.py", f"--config.teacher={tiny_pair['teacher']}",
           f"--config.student={tiny_pair['student']}", "--config.rollout.max_new_tokens=8", "--prompts=16"]
