@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from opd_jax.analysis import report
-from opd_jax.analysis.calibrate_report import build_budget
+from opd_jax.analysis.calibrate_report import build_budget, load_rows
 from opd_jax.analysis.files import read_jsonl
 from opd_jax.analysis.sweep import fill_deltas, run_sweep
 from opd_jax.analysis.validation import is_held_out
@@ -89,7 +89,8 @@ def _sweep():
 def _fake_pair_config(pair):
   config = ml_collections.ConfigDict({"pair": pair, "train": {"steps": 10, "progress_bar": True, "resume": False,
                                                               "mode": "sync"},
-                                      "rollout": {"weights": "none", "noise_sigma": 0.0}})
+                                      "rollout": {"weights": "none", "noise_sigma": 0.0},
+                                      "objective": {"name": "reverse_kl"}})
   return config
 
 
@@ -114,6 +115,7 @@ def test_sweep_records_failures_and_resumes(tmp_path):
   assert by_point["bad"]["status"] == "failed" and "noise_sigma" in by_point["bad"]["error"]
   assert by_point["fp8"]["delta_final_accuracy"] == pytest.approx(-0.05)
   assert by_point["fp8"]["rollout"]["weights"] == "fp8" and by_point["fp8"]["mismatch"]["mismatch/k3"] == 0.01
+  assert by_point["fp8"]["objective"] == "reverse_kl"
   assert len(calls) == 3
   rows = run_sweep(_sweep(), str(tmp_path), _fake_pair_config, _fake_train(calls), log=lambda *_: None)
   assert len(calls) == 4  # only the failed point ran again
@@ -122,6 +124,17 @@ def test_sweep_records_failures_and_resumes(tmp_path):
     bad = _sweep()
     bad.points = (("fp8", ()),)
     run_sweep(bad, str(tmp_path / "x"), _fake_pair_config, _fake_train([]))
+
+
+def test_results_of_two_objectives_are_refused(tmp_path):
+  paths = []
+  for objective in ("reverse_kl", "grpo"):
+    path = tmp_path / f"{objective}.jsonl"
+    path.write_text("".join(json.dumps({**r, "objective": objective}) + "\n" for r in _rows(0)))
+    paths.append(str(path))
+  assert len(load_rows(paths[:1])) == 13
+  with pytest.raises(ValueError, match=r"mix objectives \['grpo', 'reverse_kl'\]"):
+    load_rows(paths)
 
 
 def test_holdout_is_stable_and_excludes_baselines():

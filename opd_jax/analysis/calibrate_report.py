@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from opd_jax.analysis.files import read_jsonl, write_json
-from opd_jax.analysis.sweep import fill_deltas
+from opd_jax.analysis.sweep import check_one_objective, fill_deltas
 from opd_jax.mismatch import budget as budget_lib
 
 PRIMARY = "k3"
@@ -17,6 +17,7 @@ def load_rows(results_paths: list[str]) -> list[dict]:
     if not os.path.isfile(path):
       raise ValueError(f"results file {path!r} does not exist (run launch/sweep.py first)")
     rows += fill_deltas(read_jsonl(path))
+  check_one_objective(rows)
   return rows
 
 

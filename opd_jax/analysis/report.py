@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from opd_jax.analysis.files import read_jsonl  # noqa: E402
-from opd_jax.analysis.sweep import fill_deltas  # noqa: E402
+from opd_jax.analysis.sweep import check_one_objective, fill_deltas  # noqa: E402
 from opd_jax.rollout import memory, precision  # noqa: E402
 
 SOURCES = ("baseline", "quantization", "staleness", "noise", "combined")
@@ -163,6 +163,7 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
     if not os.path.isfile(path):
       raise ValueError(f"results file {path!r} does not exist")
     rows += [r for r in fill_deltas(read_jsonl(path)) if r.get("status") == "ok"]
+  check_one_objective(rows)
   budget_data = _load(budget)
   sections, missing = [], []
   if rows:

@@ -93,6 +93,7 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
       config.train.resume = True  # a crashed point resumes from its last checkpoint on rerun
       row["rollout"] = {k: (list(map(list, v)) if k == "weight_rules" else v) for k, v in dict(config.rollout).items()}
       row["mode"] = config.train.mode
+      row["objective"] = config.objective.name if "objective" in config else None
       _discard_if_config_changed(workdir, config)
       train_fn(config, workdir)
       row.update(_summarize(workdir), status="ok")
@@ -113,6 +114,15 @@ def _discard_if_config_changed(workdir: str, config) -> None:
     old = json.load(f)
   if old != json.loads(config.to_json()):
     shutil.rmtree(workdir)
+
+
+def check_one_objective(rows: list[dict]) -> None:
+  """Budgets and quality-vs-mismatch plots compare runs of one objective; rows that predate the `objective`
+  field are not checked."""
+  objectives = sorted({r["objective"] for r in rows if r.get("objective")})
+  if len(objectives) > 1:
+    raise ValueError(f"the sweep results mix objectives {objectives}: how much mismatch a run tolerates depends "
+                     "on its objective; pass one objective's results at a time")
 
 
 def fill_deltas(rows: list[dict]) -> list[dict]:
