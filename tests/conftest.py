@@ -6,6 +6,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("OPD_JAX_COMPILATION_CACHE", "off")  # launch scripts in tests leave no cache in $HOME
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -40,6 +40,21 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
   assert not os.listdir(tmp_path)  # nothing written
 
 
+def test_launch_scripts_fill_and_reuse_the_compilation_cache(tiny_pair, tmp_path):
+  cache = tmp_path / "cache"
+  args = ["launch/sample.py", f"--checkpoint={tiny_pair['student']}", "--prompt_ids=5,6,7", "--max_new_tokens=6",
+          "--temperature=0", "--json"]
+  outputs = []
+  for _ in range(2):
+    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+                                 "OPD_JAX_COMPILATION_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs.append(result.stdout)
+    entries = sorted(os.listdir(cache))
+  assert entries and outputs[0] == outputs[1]  # the second run loads executables and answers the same
+
+
 def test_xm_launch_builds_train_arguments_and_rejects_bad_input():
   code = ("from launch import xm_launch as x; "
           "print(x.train_args('configs/pair1.py', '/gcs/b/run', ['train.steps=9'], x.hosts(*x.parse_accelerator("
