@@ -1,5 +1,5 @@
-"""Multi-process training through jax.distributed: two CPU processes with two devices each train exactly like
-one process with four devices (same global mesh, same global batches)."""
+"""Multi-process training through jax.distributed: two CPU processes with two devices each log the same
+metrics (to 1e-4) as one process with four devices (same global mesh, same global batches)."""
 
 import json
 import os
@@ -20,9 +20,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(pair, workdir, devices, *distributed):
+def _start(pair, workdir, devices, *coordinator_processes_id):
   args = [sys.executable, "-m", "tests.multihost_worker", pair["teacher"], pair["student"], str(workdir),
-          str(devices), *map(str, distributed)]
+          str(devices), *map(str, coordinator_processes_id)]
   return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
