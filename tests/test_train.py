@@ -176,8 +176,8 @@ def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair
   np.testing.assert_array_equal(batch.prompt_BxP, np.repeat(prompts, 4, axis=0))
   reward = (np.asarray(batch.response_BxR[:, 0]) % 2 == 0).astype(np.float32)
   np.testing.assert_array_equal(batch.reward_B, reward)
-  np.testing.assert_allclose(batch.advantage_B, losses.group_advantages(jnp.asarray(reward), 4), rtol=1e-6)
-  assert np.abs(np.asarray(batch.advantage_B)).max() > 0  # this seed has mixed rewards in a group
+  advantage = np.asarray(losses.group_advantages(jnp.asarray(reward), 4))  # what the train step computes
+  assert np.abs(advantage).max() > 0  # this seed has mixed rewards in a group
 
   def response_logp(p):
     logits = response_logits(nnx.merge(graphdef, p), batch.prompt_BxP, batch.prompt_valid_BxP,
@@ -187,7 +187,7 @@ def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair
   state, _ = _step(graphdef, params, batch, shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
                    ObjectiveConfig(name="grpo", group_size=4))
   # One update raises the log-probability of above-average responses relative to below-average ones.
-  assert float(np.sum(np.asarray(batch.advantage_B) * (response_logp(state.params) - response_logp(params)))) > 0
+  assert float(np.sum(advantage * (response_logp(state.params) - response_logp(params)))) > 0
 
 
 def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):

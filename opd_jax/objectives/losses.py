@@ -163,7 +163,8 @@ def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
 
 def _grpo(x: LossInputs, c: ObjectiveConfig):
   if x.advantage_B is None:
-    raise ValueError("objective grpo needs rollouts with rewards (advantage_B); the training loop adds them")
+    raise ValueError("objective grpo needs rollouts with rewards (RolloutBatch.reward_B); the training loop "
+                     "grades them")
   advantage_BxR = jax.lax.stop_gradient(x.advantage_B)[:, None] * x.mask_BxR
   weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
   loss = -masked_mean(weights_BxR * advantage_BxR * x.learner_logp_BxR, x.mask_BxR)

@@ -149,8 +149,9 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
   chunk = config.decode_chunk or max(32, -(-N // 4))
   carry = (jnp.int32(1), cache, key, buffers, done_B)
   for stop in [*range(1 + chunk, N, chunk), N]:
-    carry = carry[:1] + (carry[1].grow(P + stop - 1),) + carry[2:]
-    carry = jax.lax.while_loop(functools.partial(cond, stop), body, carry)
+    t, cache, key, buffers, done_B = carry
+    carry = jax.lax.while_loop(functools.partial(cond, stop), body,
+                               (t, cache.grow(P + stop - 1), key, buffers, done_B))
   buffers = carry[3]
   tokens, logps, mask, top_vals, top_ids = buffers
   return SampleOutput(tokens, mask, logps, top_vals, top_ids)

@@ -4,9 +4,9 @@
 the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
 scoring, and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
 that split the mismatch into its two factors. With a reward function (the GRPO baseline) every prompt is
-repeated group_size times, responses are graded and rewards standardized within each prompt's group; the
-teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The PRNG key of batch `index` is
-fold_in(key(seed), index), so a resumed run draws the same samples.
+repeated group_size times and responses are graded (the train step standardizes rewards within each group);
+the teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The
+PRNG key of batch `index` is fold_in(key(seed), index), so a resumed run draws the same samples.
 
 `AsyncRollouts` runs the producer in a background thread ahead of the learner: batch i may use any learner
 version v >= i - max_staleness (it waits until one is published), and at most max_staleness batches wait in
@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import queue
 import threading
-
 from typing import Callable
 
 import jax
@@ -29,7 +28,6 @@ import numpy as np
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.objectives.logprobs import score
-from opd_jax.objectives.losses import group_advantages
 from opd_jax.train import distributed
 from opd_jax.train.step import RolloutBatch
 
@@ -50,7 +48,7 @@ class RolloutProducer:
     """split_mismatch: score every batch with the dense learner version that generated it too, so the train step
     can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist).
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host), with group_size > 1:
-    sample each prompt group_size times and attach rewards and group advantages (GRPO)."""
+    sample each prompt group_size times and attach the rewards (GRPO)."""
     if group_size > 1 and reward_fn is None:
       raise ValueError("group_size > 1 needs a reward_fn: groups only matter for reward advantages")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
@@ -76,14 +74,12 @@ class RolloutProducer:
     snapshot_logp = None
     if self._split:
       snapshot_logp, _ = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
-    reward, advantage = None, None
+    reward = None
     if self.reward_fn is not None:
       tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
-      reward_B = np.asarray(self.reward_fn(prompts["index_B"], tokens, mask), np.float32)
-      reward = self.put_batch(reward_B)
-      advantage = self.put_batch(np.asarray(group_advantages(reward_B, self.group_size)))
+      reward = self.put_batch(np.asarray(self.reward_fn(prompts["index_B"], tokens, mask), np.float32))
     return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher_logp,
-                        teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp, reward, advantage)
+                        teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp, reward)
 
 
 class AsyncRollouts:

@@ -24,7 +24,7 @@ from flax import nnx
 
 from opd_jax.mismatch.metrics import token_metrics, vocab_metrics_topk
 from opd_jax.objectives.logprobs import response_logits, token_logprobs
-from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss, masked_mean
+from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss, group_advantages, masked_mean
 
 
 @jax.tree_util.register_dataclass
@@ -48,8 +48,7 @@ class RolloutBatch:
   sampler_top_logprobs_BxRxK: jax.Array | None = None
   sampler_top_ids_BxRxK: jax.Array | None = None
   snapshot_logp_BxR: jax.Array | None = None
-  reward_B: jax.Array | None = None  # grader reward of each response (grpo)
-  advantage_B: jax.Array | None = None  # group-standardized reward (grpo)
+  reward_B: jax.Array | None = None  # grader reward of each response (grpo; rows grouped by prompt)
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
@@ -61,13 +60,14 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
                mismatch_metrics: bool = True):
   """One update. mismatch_metrics=False drops the mismatch families (benchmarks measure their cost)."""
   mask = batch.mask_BxR
+  advantage_B = None if batch.reward_B is None else group_advantages(batch.reward_B, objective.group_size)
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params)
     logits_BxRxV = response_logits(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask)
     learner_logp_BxR = token_logprobs(logits_BxRxV, batch.response_BxR, temperature) * mask
     inputs = LossInputs(logits_BxRxV, learner_logp_BxR, batch.sampler_logp_BxR, batch.teacher_logp_BxR,
-                        batch.teacher_logits_BxRxV, mask, batch.advantage_B)
+                        batch.teacher_logits_BxRxV, mask, advantage_B)
     loss, aux = compute_loss(inputs, objective)
     return loss, (aux, logits_BxRxV, learner_logp_BxR)
 
