@@ -7,8 +7,32 @@ F MLP width, V vocab.
 Padding: `valid_BxT` marks real tokens. Positions default to the running count of real tokens, so
 left-padded prompts get RoPE positions 0, 1, ... from their first real token, exactly as HF does with
 `position_ids = attention_mask.cumsum(-1) - 1`. A query attends to keys that are real and not in its
-future. Rows with no real key (pure padding) get uniform attention instead of NaN; their outputs are
-meaningless and every caller masks them.
+future. A query with no real key (pure left padding) gets uniform attention (`_attend`) or attends to itself
+(fused kernels) instead of NaN; its output is meaningless and every caller masks it.
+
+Attention (`Decoder(attention=...)`, no-cache path only: training, teacher scoring, full-sequence forward):
+  reference  `_attend`, einsum softmax(q k^T / sqrt(H)) v in float32 scores
+  xla        jax.nn.dot_product_attention(implementation="xla"): the same math, jax's own kernel
+  cudnn      implementation="cudnn": cuDNN flash attention (GPU only; compute dtype bf16 or fp16)
+  auto       implementation=None: jax picks (XLA today)
+All take the general boolean mask [B, T, S] (causal & real keys) and GQA (N = K * G query heads share kv
+head n // G). The fused kernels get one extra mask bit: a query with no real key attends to itself, so no
+kernel can produce NaN there (XLA's own masking already avoids it; cuDNN is not tested here). With a KV
+cache (decode, T = 1, and the sampler's prefill) the model always uses `_attend`: it reads the cache
+layouts k_BxKxHxS / v_BxKxSxH directly and has a CPU-tuned T = 1 path.
+
+Layer stack (no-cache path): with `scan_layers` and layers whose nnx states are alike (same graph, tree and
+leaf shapes/dtypes: always so for a learner or teacher, not for per-layer precision recipes), the per-layer
+states are stacked leaf-wise at call time ([L, ...] per leaf) and one layer body runs under `jax.lax.scan`,
+so the traced program does not grow with depth. Storage stays per layer (`layers.3.self_attn.q_proj.kernel`),
+so HF import/export, sharding rules and precision recipes see the same paths; the price is one stacked copy
+of the layer weights in the forward (and of their gradients, sliced back per layer, in the backward).
+Otherwise, and always with a cache, layers run in a Python loop. Measured compile times, including where
+scanning loses (XLA:CPU train steps), are in launch/bench_compile.py.
+`remat` wraps the layer body in jax.checkpoint: "full" saves only the layer's inputs
+(checkpoint_policies.nothing_saveable); "dots_saveable" also saves matmul outputs without batch dims
+(checkpoint_policies.dots_with_no_batch_dims_saveable: the weight projections; the attention score and
+value matmuls, which batch over B and heads, are recomputed).
 
 KV cache: any pytree object with `.valid_BxS`, `.layers` (one per layer, each with `write(k, v, index)`
 -> new layer cache and `read(dtype)` -> (k_BxKxHxS, v_BxKxSxH)) and `replace(layers=..., valid_BxS=...)`.
@@ -16,6 +40,8 @@ KV cache: any pytree object with `.valid_BxS`, `.layers` (one per layer, each wi
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +51,11 @@ from opd_jax.models.config import ModelConfig, rope_inv_freq
 from opd_jax.models.linear import Embed, Linear
 
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+ATTENTION_CHOICES = ("reference", "xla", "cudnn", "auto")
+_DPA_IMPLEMENTATION = {"xla": "xla", "cudnn": "cudnn", "auto": None}  # jax.nn.dot_product_attention's names
+REMAT_CHOICES = ("none", "full", "dots_saveable")
+_REMAT_POLICY = {"full": jax.checkpoint_policies.nothing_saveable,
+                 "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 class RMSNorm(nnx.Module):
@@ -66,6 +97,14 @@ def _attend(q_BxTxKxGxH, k, v, mask_BxTxS, specs: tuple[str, str], dtype) -> jax
   return out[:, None] if q_BxTxKxGxH.shape[1] == 1 else out  # [B, T, K, G, H]
 
 
+def _attend_fused(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, attention: str) -> jax.Array:
+  """softmax(q k^T / sqrt(H)) v through jax.nn.dot_product_attention; query head n uses kv head n // G (GQA),
+  the same grouping as `_attend`'s [K, G] split. Scores and softmax are float32 in every implementation."""
+  H = q_BxTxNxH.shape[-1]
+  return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=mask_BxTxS[:, None], scale=H ** -0.5,
+                                      implementation=_DPA_IMPLEMENTATION[attention])  # [B, T, N, H]
+
+
 class Attention(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
@@ -82,7 +121,9 @@ class Attention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     self.dtype = dtype
 
-  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache=None, cache_index=None):
+  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache=None, cache_index=None,
+               attention: str = "reference"):
+    """attention: see ATTENTION_CHOICES; used only without a cache (a cache always goes through `_attend`)."""
     B, T, _ = x_BxTxD.shape
     K, H = self.num_kv_heads, self.head_dim
     G = self.num_heads // K
@@ -93,16 +134,17 @@ class Attention(nnx.Module):
       q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
     q_BxTxNxH = apply_rope(q_BxTxNxH, cos_BxTxH, sin_BxTxH)
     k_BxTxKxH = apply_rope(k_BxTxKxH, cos_BxTxH, sin_BxTxH)
-    q_BxTxKxGxH = q_BxTxNxH.reshape(B, T, K, G, H)
-    if layer_cache is None:
-      specs = ("bskh", "bskh")  # keys and values as computed: [B, S=T, K, H]
-      k, v = k_BxTxKxH, v_BxTxKxH
-    else:
+    if layer_cache is not None:
       layer_cache = layer_cache.write(k_BxTxKxH, v_BxTxKxH, cache_index)
-      specs = ("bkhs", "bksh")  # see rollout.kv_cache: k_BxKxHxS, v_BxKxSxH
-      k, v = layer_cache.read(self.dtype)
-    out_BxTxKxGxH = _attend(q_BxTxKxGxH, k, v, mask_BxTxS, specs, self.dtype)
-    return self.o_proj(out_BxTxKxGxH.reshape(B, T, K * G * H)), layer_cache
+      k_BxKxHxS, v_BxKxSxH = layer_cache.read(self.dtype)  # see rollout.kv_cache
+      out = _attend(q_BxTxNxH.reshape(B, T, K, G, H), k_BxKxHxS, v_BxKxSxH, mask_BxTxS, ("bkhs", "bksh"),
+                    self.dtype)
+    elif attention == "reference":  # keys and values as computed: [B, S=T, K, H]
+      out = _attend(q_BxTxNxH.reshape(B, T, K, G, H), k_BxTxKxH, v_BxTxKxH, mask_BxTxS, ("bskh", "bskh"),
+                    self.dtype)
+    else:
+      out = _attend_fused(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS, attention)
+    return self.o_proj(out.reshape(B, T, K * G * H)), layer_cache  # out: [B, T, K, G, H] or [B, T, N, H]
 
 
 class MLP(nnx.Module):
@@ -127,23 +169,75 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
     self.mlp = MLP(config, **kw)
 
-  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache=None, cache_index=None):
+  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache=None, cache_index=None,
+               attention: str = "reference"):
     attn_BxTxD, layer_cache = self.self_attn(self.input_layernorm(x_BxTxD), cos_BxTxH, sin_BxTxH,
-                                             mask_BxTxS, layer_cache, cache_index)
+                                             mask_BxTxS, layer_cache, cache_index, attention)
     x_BxTxD = x_BxTxD + attn_BxTxD
     x_BxTxD = x_BxTxD + self.mlp(self.post_attention_layernorm(x_BxTxD))
     return x_BxTxD, layer_cache
 
 
+def _layer_step(graphdef, attention: str, remat: str, scanned: bool, x_BxTxD, layer_state, cos_BxTxH, sin_BxTxH,
+                mask_BxTxS):
+  """One decoder layer (no cache) as a pure function of its nnx state: what scan and jax.checkpoint need.
+  Under scan, jax.checkpoint needs no CSE barrier (prevent_cse=False, as jax recommends there)."""
+  def step(x_BxTxD, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS):
+    layer = nnx.merge(graphdef, layer_state)
+    return layer(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, attention=attention)[0]
+  if remat != "none":
+    step = jax.checkpoint(step, policy=_REMAT_POLICY[remat], prevent_cse=not scanned)
+  return step(x_BxTxD, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS)
+
+
+@functools.lru_cache(maxsize=64)
+def _scanned_layers(graphdef, attention: str, remat: str):
+  """jit(stack the L layer states leaf-wise -> [L, ...], scan one layer body over them). Cached per static
+  layer description, so an eager call does not retrace the scan (inside an outer jit it is inlined)."""
+  step = functools.partial(_layer_step, graphdef, attention, remat, True)
+
+  def run(x_BxTxD, states, cos_BxTxH, sin_BxTxH, mask_BxTxS):
+    stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+    body = lambda x, layer_state: (step(x, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS), None)
+    return jax.lax.scan(body, x_BxTxD, stacked_state)[0]
+
+  return jax.jit(run)
+
+
+def _alike(graphdefs, states) -> bool:
+  """Whether the layers have one graph and states of one tree structure and leaf shapes/dtypes (stackable)."""
+  def signature(state):
+    leaves, treedef = jax.tree.flatten(state)
+    return treedef, [(getattr(leaf, "shape", None), getattr(leaf, "dtype", None)) for leaf in leaves]
+  first = signature(states[0])
+  return (all(shape is not None for shape, _ in first[1]) and all(g == graphdefs[0] for g in graphdefs)
+          and all(signature(state) == first for state in states[1:]))
+
+
 class Decoder(nnx.Module):
-  """Causal LM. `m(tokens_BxT)` -> float32 logits [B, T, V]; with a cache, -> (logits, new cache)."""
+  """Causal LM. `m(tokens_BxT)` -> float32 logits [B, T, V]; with a cache, -> (logits, new cache).
+
+  attention: ATTENTION_CHOICES (module docstring); scan_layers: scan alike layers instead of unrolling;
+  remat: REMAT_CHOICES, jax.checkpoint of each layer body. All three are static (part of the graphdef)
+  and act only without a cache.
+  """
 
   def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-               rngs: nnx.Rngs | None = None):
+               rngs: nnx.Rngs | None = None, attention: str = "xla", scan_layers: bool = True,
+               remat: str = "none"):
+    if attention not in ATTENTION_CHOICES:
+      raise ValueError(f"attention={attention!r} is not one of {', '.join(ATTENTION_CHOICES)} (reference: "
+                       "einsum; xla / cudnn / auto: jax.nn.dot_product_attention implementations)")
+    if attention == "cudnn" and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+      raise ValueError(f"attention='cudnn' needs a bfloat16 or float16 compute dtype, got "
+                       f"{jnp.dtype(dtype).name}; use attention='xla' for float32")
+    if remat not in REMAT_CHOICES:
+      raise ValueError(f"remat={remat!r} is not one of {', '.join(REMAT_CHOICES)}")
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.config = config
     self.dtype = dtype
+    self.attention, self.scan_layers, self.remat = attention, bool(scan_layers), remat
     self.embed_tokens = Embed(config.vocab_size, config.hidden_size, **kw)
     self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
@@ -153,7 +247,24 @@ class Decoder(nnx.Module):
   def __call__(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None,
                logits_span: tuple[int, int] | None = None):
     """logits_span=(start, stop): compute logits only for those positions (saves the [B, T, V] head when only
-    a few positions are needed, e.g. the last prompt token in prefill or the response in scoring)."""
+    a few positions are needed, e.g. the last prompt token in prefill)."""
+    out = self.hidden_states(tokens_BxT, positions_BxT, valid_BxT, cache, cache_index, logits_span)
+    if cache is None:
+      return self.logits(out)
+    hidden_BxTxD, cache = out
+    return self.logits(hidden_BxTxD), cache
+
+  def logits(self, hidden_BxTxD: jax.Array) -> jax.Array:
+    """The LM head on final (normed) hidden states: float32 logits [B, T, V], accumulated in float32 whatever
+    the compute dtype, so bf16 rounding of logits puts no floor under sampler-learner mismatch."""
+    head = self.embed_tokens.attend if self.lm_head is None else self.lm_head
+    return head(hidden_BxTxD, out_dtype=jnp.float32)
+
+  def hidden_states(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None,
+                    span: tuple[int, int] | None = None):
+    """Final normed hidden states [B, T, D] in the compute dtype (only positions span=(start, stop) when
+    given); with a cache, -> (hidden, new cache). Callers that need logits over many positions apply
+    `logits` chunk by chunk (opd_jax.objectives.chunked) instead of materializing [B, T, V]."""
     B, T = tokens_BxT.shape
     valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT.astype(bool)
     if positions_BxT is None:
@@ -174,16 +285,32 @@ class Decoder(nnx.Module):
     cos_BxTxH, sin_BxTxH = jnp.cos(emb_BxTxH).astype(self.dtype), jnp.sin(emb_BxTxH).astype(self.dtype)
 
     x_BxTxD = self.embed_tokens(tokens_BxT)
-    new_layers = []
-    for i, layer in enumerate(self.layers):
-      layer_cache = None if cache is None else cache.layers[i]
-      x_BxTxD, layer_cache = layer(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache, cache_index)
-      new_layers.append(layer_cache)
-    if logits_span is not None:
-      x_BxTxD = x_BxTxD[:, logits_span[0]:logits_span[1]]
-    x_BxTxD = self.norm(x_BxTxD)
-    head = self.embed_tokens.attend if self.lm_head is None else self.lm_head
-    logits_BxTxV = head(x_BxTxD).astype(jnp.float32)
     if cache is None:
-      return logits_BxTxV
-    return logits_BxTxV, cache.replace(layers=new_layers, valid_BxS=valid_BxS)
+      x_BxTxD = self._run_layers(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS)
+    else:
+      new_layers = []
+      for i, layer in enumerate(self.layers):
+        x_BxTxD, layer_cache = layer(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache.layers[i], cache_index)
+        new_layers.append(layer_cache)
+    if span is not None:
+      x_BxTxD = x_BxTxD[:, span[0]:span[1]]
+    x_BxTxD = self.norm(x_BxTxD)
+    if cache is None:
+      return x_BxTxD
+    return x_BxTxD, cache.replace(layers=new_layers, valid_BxS=valid_BxS)
+
+  def _run_layers(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS):
+    """x <- layer_l(x) for l = 0 .. L-1 without a cache; one scanned body over stacked states when alike.
+
+    The gradient flows through the stack (jnp.stack per leaf) back to each layer's own parameters."""
+    if self.attention != "reference":  # a query with no real key (pure left padding) attends to itself
+      T = mask_BxTxS.shape[1]
+      lonely_BxT = ~jnp.any(mask_BxTxS, axis=-1)
+      mask_BxTxS = mask_BxTxS | (lonely_BxT[:, :, None] & jnp.eye(T, dtype=bool)[None])
+    graphdefs, states = zip(*(nnx.split(layer) for layer in self.layers))
+    consts = (cos_BxTxH, sin_BxTxH, mask_BxTxS)
+    if self.scan_layers and _alike(graphdefs, states):
+      return _scanned_layers(graphdefs[0], self.attention, self.remat)(x_BxTxD, states, *consts)
+    for graphdef, layer_state in zip(graphdefs, states):
+      x_BxTxD = _layer_step(graphdef, self.attention, self.remat, False, x_BxTxD, layer_state, *consts)
+    return x_BxTxD

@@ -83,16 +83,19 @@ def _tensor_files(path: str) -> dict[str, str]:
 
 
 def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
-                    sharding_for: Callable[[str, tuple], jax.sharding.Sharding] | None = None) -> Decoder:
+                    sharding_for: Callable[[str, tuple], jax.sharding.Sharding] | None = None,
+                    attention: str = "xla", remat: str = "none", scan_layers: bool = True) -> Decoder:
   """Reads an HF checkpoint directory into a Decoder with parameters in `dtype`.
 
   compute_dtype: activation dtype (default: `dtype`). sharding_for: optional (dotted parameter path, shape)
   -> jax Sharding; each tensor is placed with it as it is read (sharded loading onto a mesh).
+  attention, remat, scan_layers: the Decoder's static execution options (see opd_jax.models.decoder).
   """
   param_dtype = SUPPORTED_DTYPES[canonical_dtype(dtype)]
   compute_dtype = SUPPORTED_DTYPES[canonical_dtype(compute_dtype or dtype)]
   config = read_hf_config(path)
-  abstract = nnx.eval_shape(lambda: Decoder(config, dtype=compute_dtype, param_dtype=param_dtype))
+  options = dict(attention=attention, remat=remat, scan_layers=scan_layers)
+  abstract = nnx.eval_shape(lambda: Decoder(config, dtype=compute_dtype, param_dtype=param_dtype, **options))
   graphdef, abstract_state = nnx.split(abstract)
   files = _tensor_files(path)
   used = set()

@@ -36,11 +36,12 @@ class Linear(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
     self.dtype = dtype
 
-  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+  def __call__(self, x_BxTxD: jax.Array, out_dtype=None) -> jax.Array:
+    """out_dtype: accumulate and return in this dtype (the LM head asks float32); default the compute dtype."""
     kernel_DxF = materialize(self.kernel.get_value(), self.dtype)
-    y_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD.astype(self.dtype), kernel_DxF)
+    y_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD.astype(self.dtype), kernel_DxF, preferred_element_type=out_dtype)
     if self.bias is not None:
-      y_BxTxF = y_BxTxF + self.bias.get_value().astype(self.dtype)[None, None, :]
+      y_BxTxF = y_BxTxF + self.bias.get_value().astype(y_BxTxF.dtype)[None, None, :]
     return y_BxTxF
 
 
@@ -57,6 +58,6 @@ class Embed(nnx.Module):
       return table[tokens_BxT].dequant().astype(self.dtype)
     return jnp.take(table, tokens_BxT, axis=0).astype(self.dtype)
 
-  def attend(self, x_BxTxD: jax.Array) -> jax.Array:
+  def attend(self, x_BxTxD: jax.Array, out_dtype=None) -> jax.Array:
     table_VxD = materialize(self.embedding.get_value(), self.dtype)
-    return jnp.einsum("btd,vd->btv", x_BxTxD.astype(self.dtype), table_VxD)
+    return jnp.einsum("btd,vd->btv", x_BxTxD.astype(self.dtype), table_VxD, preferred_element_type=out_dtype)
