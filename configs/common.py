@@ -41,8 +41,19 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.teacher = os.path.join(ASSETS, pair, "teacher")  # HF checkpoint dir of the fixed teacher
   c.student = os.path.join(ASSETS, pair, "student")  # HF checkpoint dir the student starts from
   c.tokenizer = ""  # dir with tokenizer files; "" = the student dir
-  c.teacher_dtype = "float32"  # teacher params + compute: float32 | bfloat16
-  c.student_dtype = "float32"  # learner (master) params + compute: float32 | bfloat16
+  # Mixed precision. The learner keeps float32 master params and optimizer state; compute may be bfloat16
+  # (real scale: halves activation memory, ~2x matmul speed on GPU/TPU). The LM head always accumulates and
+  # returns float32 logits. The embedded pairs compute in float32: CPU bfloat16 matmuls are emulated and slow,
+  # and a float32 learner keeps the sweeps' sampler-learner k3 free of a bf16 floor (see README).
+  c.teacher_param_dtype = "float32"  # teacher params: float32 | bfloat16 (no master copy needed: it is fixed)
+  c.teacher_compute_dtype = "float32"  # teacher activations: float32 | bfloat16
+  c.student_param_dtype = "float32"  # learner (master) params and optimizer state: float32 | bfloat16
+  c.student_compute_dtype = "float32"  # learner and sampler activations: float32 | bfloat16
+
+  c.model = ml_collections.ConfigDict()  # execution of both models (opd_jax/models/decoder.py)
+  c.model.attention = "xla"  # reference (einsum) | xla (jax.nn.dot_product_attention) | cudnn (GPU flash) | auto
+  c.model.remat = "none"  # per-layer rematerialization: none | full | dots_saveable
+  c.model.scan_layers = True  # run identical layers under one lax.scan (compile time flat in depth)
   c.seed = 0  # sampling keys and everything random in the run
 
   c.data = ml_collections.ConfigDict()
@@ -102,7 +113,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.resume = True  # continue from the newest checkpoint in workdir when one exists
   c.train.stop_after_steps = 0  # end this process (checkpointed) after this many steps; 0 = run to train.steps
-  c.train.vocab_metrics_top_k = -1  # sampler top-k log-probs for vocab mismatch metrics; -1 = full vocab, 0 = off
+  c.train.vocab_metrics_top_k = 64  # sampler top-k log-probs for vocab mismatch metrics; -1 = full vocab, 0 = off
+  c.train.logits_chunk = 256  # response tokens per vocabulary chunk (logits, losses, metrics); 0 = whole response
+  c.train.micro_batch_size = 0  # rows per gradient-accumulation micro-batch (divides batch_size); 0 = whole batch
   c.train.progress_bar = True
 
   c.distributed = ml_collections.ConfigDict()  # multi-process runs (opd_jax/train/distributed.py)

@@ -32,8 +32,11 @@ def _loss_of_logits(data, config):
   def f(student_logits):
     learner_logp = token_logprobs(student_logits, jnp.asarray(data["tokens"])) * data["mask"]
     teacher_logp = token_logprobs(jnp.asarray(data["teacher"]), jnp.asarray(data["tokens"])) * data["mask"]
-    inputs = LossInputs(student_logits, learner_logp, jnp.asarray(data["sampler_logp"]), teacher_logp,
-                        jnp.asarray(data["teacher"]), jnp.asarray(data["mask"]))
+    divergence = None
+    if config.vocab_beta is not None:
+      divergence = losses.divergence_from_logits(student_logits, jnp.asarray(data["teacher"]), config)
+    inputs = LossInputs(learner_logp, jnp.asarray(data["sampler_logp"]), teacher_logp, jnp.asarray(data["mask"]),
+                        divergence)
     return compute_loss(inputs, config)[0]
   return f
 
@@ -76,8 +79,8 @@ def test_grpo_gradient(data, importance):
 
   def loss(student_logits):
     learner_logp = token_logprobs(student_logits, jnp.asarray(data["tokens"])) * data["mask"]
-    inputs = LossInputs(student_logits, learner_logp, jnp.asarray(data["sampler_logp"]), jnp.zeros((B, R)), None,
-                        jnp.asarray(data["mask"]), jnp.asarray(advantage))
+    inputs = LossInputs(learner_logp, jnp.asarray(data["sampler_logp"]), jnp.zeros((B, R)), jnp.asarray(data["mask"]),
+                        advantage_B=jnp.asarray(advantage))
     return compute_loss(inputs, config)[0]
 
   grad = np.asarray(jax.grad(loss)(jnp.asarray(data["student"])), np.float64)

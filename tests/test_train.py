@@ -35,20 +35,36 @@ def _batch(pair, batch_size=8, seed=0):
   prompts, valid = left_pad([list(rng.randint(2, 18, rng.randint(3, 9))) for _ in range(batch_size)], 0)
   out = Sampler(graphdef, SamplingConfig(max_new_tokens=10, eos_ids=(1,), logits_top_k=32))(
       params, prompts, valid, jax.random.key(seed))
-  teacher_logp, teacher_logits = score(t_graphdef, t_state, prompts, valid, out.tokens_BxN, out.mask_BxN, 1.0, True)
+  teacher = score(t_graphdef, t_state, prompts, valid, out.tokens_BxN, out.mask_BxN, temperature=1.0,
+                  return_hidden=True, top_k=16)
   batch = RolloutBatch(jnp.asarray(prompts), jnp.asarray(valid), out.tokens_BxN, out.mask_BxN, out.logprobs_BxN,
-                       teacher_logp, teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, None)
+                       teacher.logp_BxR, teacher_hidden_BxRxD=teacher.hidden_BxRxD,
+                       teacher_top_logprobs_BxRxK=teacher.top_logp_BxRxK, teacher_top_ids_BxRxK=teacher.top_ids_BxRxK,
+                       sampler_top_logprobs_BxRxK=out.top_logprobs_BxNxK, sampler_top_ids_BxRxK=out.top_ids_BxNxK)
   return graphdef, params, batch
 
 
-def _step(graphdef, params, batch, mesh, objective=ObjectiveConfig(), optimizer=None):
+_TEACHER = {}
+
+
+def _teacher(pair):
+  if pair["teacher"] not in _TEACHER:
+    _TEACHER[pair["teacher"]] = nnx.split(load_pretrained(pair["teacher"]))
+  return _TEACHER[pair["teacher"]]
+
+
+def _step(graphdef, params, batch, mesh, objective=ObjectiveConfig(), optimizer=None, teacher=(None, None),
+          **options):
   optimizer = optimizer or make_optimizer(make_schedule(learning_rate=1e-2, warmup_steps=0, total_steps=10),
                                           weight_decay=0.0, grad_clip_norm=1.0)
   state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
   shardings = shard_lib.state_shardings(state, mesh)
-  fn = jax.jit(functools.partial(train_step, graphdef, optimizer, objective, 1.0, 2.0),
-               in_shardings=(shardings, shard_lib.batch_sharding(mesh)), out_shardings=(shardings, None))
-  return fn(jax.device_put(state, shardings), batch)
+  t_graphdef, t_state = teacher
+  t_shardings = None if t_state is None else shard_lib.state_shardings(t_state, mesh)
+  fn = jax.jit(functools.partial(train_step, graphdef, optimizer, objective, 1.0, 2.0, teacher_graphdef=t_graphdef,
+                                 **options),
+               in_shardings=(shardings, shard_lib.batch_sharding(mesh), t_shardings), out_shardings=(shardings, None))
+  return fn(jax.device_put(state, shardings), batch, t_state)
 
 
 def test_one_step_pinned_numbers(tiny_pair):
@@ -74,11 +90,12 @@ def test_eight_devices_match_one(tiny_pair, objective):
   graphdef, params, batch = _batch(tiny_pair)
   config = ObjectiveConfig(name=objective)
   sgd = optax.sgd(1.0)  # plain SGD, so parameters differ by exactly the gradient differences
+  teacher = _teacher(tiny_pair)
   one_state, one = _step(graphdef, params, batch, shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1]), config,
-                         sgd)
+                         sgd, teacher)
   for shape in ((8, 1, 1), (2, 2, 2), (1, 4, 2)):
     mesh = shard_lib.make_mesh(*shape)
-    state, many = _step(graphdef, params, batch, mesh, config, sgd)
+    state, many = _step(graphdef, params, batch, mesh, config, sgd, teacher, logits_chunk=4, micro_batch_size=4)
     for key in ("loss", "grad_norm", "mismatch/k3", "opd/reverse_kl"):
       np.testing.assert_allclose(float(many[key]), float(one[key]), rtol=1e-5, atol=1e-6, err_msg=(shape, key))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(one_state.params)):
@@ -168,7 +185,7 @@ def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair
   even_first_token = lambda index_B, tokens, mask: (tokens[:, 0] % 2 == 0).astype(np.float32)
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=t_graphdef, teacher_state=t_state,
                              rollout=rollout, sampler=Sampler(graphdef, rollout.sampling(eos_ids=(1,), pad_id=0)),
-                             need_teacher_logits=False, put_batch=jnp.asarray, seed=0,
+                             objective=ObjectiveConfig(name="grpo", group_size=4), put_batch=jnp.asarray, seed=0,
                              reward_fn=even_first_token, group_size=4)
   prompts, valid = left_pad([[5, 6, 7], [8, 9]], 0)
   batch = producer.produce(0, 0, params, {"prompt_BxP": prompts, "prompt_valid_BxP": valid,

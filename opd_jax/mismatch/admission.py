@@ -37,10 +37,11 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   rollout = RolloutConfig(temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens)
   producer = RolloutProducer(student_graphdef=cal.graphdef, teacher_graphdef=cal.teacher_graphdef,
                              teacher_state=cal.teacher_state, rollout=rollout,
-                             sampler=cal.sampler(rollout), need_teacher_logits=objective.needs_teacher_logits,
-                             put_batch=jnp.asarray, seed=seed)
+                             sampler=cal.sampler(rollout), objective=objective, put_batch=jnp.asarray, seed=seed,
+                             logits_chunk=cal.logits_chunk)
   step = jax.jit(functools.partial(train_step, cal.graphdef, optimizer, objective, rollout.temperature,
-                                   objective.is_cap))
+                                   objective.is_cap, teacher_graphdef=cal.teacher_graphdef,
+                                   logits_chunk=cal.logits_chunk))
   state = TrainState(cal.params, optimizer.init(cal.params), jnp.zeros((), jnp.int32))
   versions = []
   prompts = {"prompt_BxP": cal.prompt_BxP, "prompt_valid_BxP": cal.valid_BxP}
@@ -48,7 +49,7 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
     if i >= burn_in:
       versions.append(state.params)
     batch = producer.produce(i, i, state.params, prompts)
-    state, _ = step(state, batch)
+    state, _ = step(state, batch, cal.teacher_state)
   versions.append(state.params)
   return versions
 

@@ -18,11 +18,12 @@ from flax import nnx
 from opd_jax.data.batching import encode_prompts
 from opd_jax.data.problems import get_problems
 from opd_jax.data.task import ArithmeticTask, Problem
-from opd_jax.mismatch.metrics import token_metrics, vocab_metrics_topk
-from opd_jax.models import load_pretrained, load_tokenizer
+from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
+from opd_jax.models import load_tokenizer
+from opd_jax.objectives.chunked import exact_reverse_kl, gather_logp, tempered_log_softmax, token_map
+from opd_jax.objectives.logprobs import response_hidden, score
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
-from opd_jax.objectives.logprobs import score, token_logprobs
 
 
 @dataclasses.dataclass
@@ -39,12 +40,15 @@ class Calibration:
   pad_id: int
   vocab_size: int
   is_cap: float
+  vocab_top_k: int = 64  # sampler top-k log-probs for the vocabulary metrics (0 = none)
+  logits_chunk: int = 0  # response tokens per vocabulary chunk (0 = all at once)
+  learner_graphdef: nnx.GraphDef | None = None  # learner's own graph when its compute dtype differs from the sampler's
 
   @classmethod
   def from_config(cls, config, num_prompts: int, seed: int = 0) -> "Calibration":
     """Held-out prompts of the config's data source (never the training split) and its pair."""
-    student = load_pretrained(config.student, config.student_dtype)
-    teacher = load_pretrained(config.teacher, config.teacher_dtype)
+    from opd_jax.train.loop import load_model
+    student, teacher = load_model(config, "student"), load_model(config, "teacher")
     tokenizer = load_tokenizer(config.tokenizer or config.student)
     d = config.data
     task = ArithmeticTask(d.min_terms, d.max_terms, d.min_digits, d.max_digits)
@@ -55,17 +59,24 @@ class Calibration:
     teacher_graphdef, teacher_state = nnx.split(teacher)
     eos = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    vocab = student.config.vocab_size
+    top_k = vocab if config.train.vocab_metrics_top_k == -1 else min(config.train.vocab_metrics_top_k, vocab)
     return cls(graphdef, params, teacher_graphdef, teacher_state, tokenizer, problems, prompts, valid, eos, pad,
-               student.config.vocab_size, config.objective.is_cap)
+               vocab, config.objective.is_cap, top_k, config.train.logits_chunk)
 
   @functools.cached_property
   def _learner_score(self):
-    return jax.jit(functools.partial(score, self.graphdef, return_logits=True), static_argnames="temperature")
+    return jax.jit(functools.partial(_learner_tokens, self.learner_graphdef or self.graphdef, chunk=self.logits_chunk),
+                   static_argnames="temperature")
 
   @functools.cached_property
   def _teacher_score(self):
-    return jax.jit(functools.partial(score, self.teacher_graphdef, return_logits=True),
+    return jax.jit(functools.partial(score, self.teacher_graphdef, logits_chunk=self.logits_chunk),
                    static_argnames="temperature")
+
+  @functools.cached_property
+  def _prefix_kl(self):
+    return jax.jit(functools.partial(_prefix_kl, self.graphdef, self.teacher_graphdef, chunk=self.logits_chunk))
 
   def sampler_state(self, rollout: RolloutConfig, params=None):
     """The sampler's weights for `rollout` (recipe and noise) from `params` (default: the pair's student)."""
@@ -74,22 +85,29 @@ class Calibration:
 
   def sampler(self, rollout: RolloutConfig) -> Sampler:
     return _sampler(self.graphdef, rollout.sampling(eos_ids=self.eos_ids, pad_id=self.pad_id,
-                                                    logits_top_k=self.vocab_size))
+                                                    logits_top_k=self.vocab_top_k))
 
   def sample(self, rollout: RolloutConfig, state, key) -> SampleOutput:
     return self.sampler(rollout)(state, self.prompt_BxP, self.valid_BxP, key)
 
-  def learner_logits(self, out: SampleOutput, params=None):
+  def learner_scores(self, out: SampleOutput, params=None, temperature: float = 1.0) -> dict:
+    """The learner (default: the pair's student) on the sampled tokens: {"logp": [B, R] (masked)} plus, when
+    the sampler returned top-k log-probs, per-token vocabulary divergences {"vocab/<name>": [B, R]}."""
     return self._learner_score(self.params if params is None else params, self.prompt_BxP, self.valid_BxP,
-                               out.tokens_BxN, out.mask_BxN, temperature=1.0)[1]
+                               out.tokens_BxN, out.mask_BxN, out.top_logprobs_BxNxK, out.top_ids_BxNxK,
+                               temperature=temperature)
+
+  def learner_logp(self, out: SampleOutput, params=None, temperature: float = 1.0):
+    return self.learner_scores(out, params, temperature)["logp"]
 
   def teacher_logp(self, out: SampleOutput, temperature: float = 1.0):
     return self._teacher_score(self.teacher_state, self.prompt_BxP, self.valid_BxP, out.tokens_BxN, out.mask_BxN,
-                               temperature=temperature)[0]
+                               temperature=temperature).logp_BxR
 
-  def teacher_logits(self, out: SampleOutput):
-    return self._teacher_score(self.teacher_state, self.prompt_BxP, self.valid_BxP, out.tokens_BxN, out.mask_BxN,
-                               temperature=1.0)[1]
+  def prefix_kl(self, out: SampleOutput):
+    """Exact KL(learner || teacher) over the vocabulary at every prefix of `out`, [B, R] (temperature 1)."""
+    return self._prefix_kl(self.params, self.teacher_state, self.prompt_BxP, self.valid_BxP, out.tokens_BxN,
+                           out.mask_BxN)
 
   def measure(self, rollout: RolloutConfig, key, sampler_params=None, learner_params=None) -> dict[str, float]:
     """Mismatch of `rollout` (built from `sampler_params`, default the pair's student) against the learner.
@@ -99,12 +117,37 @@ class Calibration:
     base = self.params if sampler_params is None else sampler_params
     state = self.sampler_state(rollout, base)
     out = self.sample(rollout, state, key)
-    logits = self.learner_logits(out, learner_params)
-    learner_logp = token_logprobs(logits, out.tokens_BxN, rollout.temperature) * out.mask_BxN
-    metrics = token_metrics(learner_logp, out.logprobs_BxN, out.mask_BxN, self.is_cap)
-    metrics.update({f"vocab/{k}": v for k, v in vocab_metrics_topk(
-        logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, out.mask_BxN).items()})
+    scores = self.learner_scores(out, learner_params, rollout.temperature)
+    metrics = token_metrics(scores.pop("logp"), out.logprobs_BxN, out.mask_BxN, self.is_cap)
+    metrics.update(token_mean(scores, out.mask_BxN))
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def _learner_tokens(graphdef, state, prompt_BxP, valid_BxP, tokens_BxR, mask_BxR, top_logp_BxRxK, top_ids_BxRxK, *,
+                    temperature: float, chunk: int) -> dict:
+  model = nnx.merge(graphdef, state)
+  arrays = {"hidden": response_hidden(model, prompt_BxP, valid_BxP, tokens_BxR, mask_BxR), "tokens": tokens_BxR}
+  if top_logp_BxRxK is not None:
+    arrays.update(top_logp=top_logp_BxRxK, top_ids=top_ids_BxRxK)
+
+  def per_chunk(x):
+    logits_BxCxV = model.logits(x["hidden"])
+    out = {"logp": gather_logp(tempered_log_softmax(logits_BxCxV, temperature), x["tokens"])}
+    if "top_logp" in x:
+      out.update({f"vocab/{k}": v for k, v in vocab_divergences_topk_per_token(
+          logits_BxCxV, x["top_logp"], x["top_ids"]).items()})
+    return out
+
+  out = token_map(per_chunk, arrays, chunk)
+  out["logp"] = out["logp"] * mask_BxR
+  return out
+
+
+def _prefix_kl(graphdef, teacher_graphdef, state, teacher_state, prompt_BxP, valid_BxP, tokens_BxR, mask_BxR, *,
+               chunk: int):
+  student, teacher = nnx.merge(graphdef, state), nnx.merge(teacher_graphdef, teacher_state)
+  hidden = lambda model: response_hidden(model, prompt_BxP, valid_BxP, tokens_BxR, mask_BxR)
+  return exact_reverse_kl(student, teacher, hidden(student), hidden(teacher), chunk)
 
 
 @functools.lru_cache(maxsize=32)

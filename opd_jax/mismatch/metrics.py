@@ -77,18 +77,24 @@ def token_metrics(learner_logp, sampler_logp, mask, is_cap: float = 2.0) -> dict
   return out
 
 
-def _vocab_divergences(logp_mu, logp_pi, mask) -> dict[str, jax.Array]:
-  """Exact divergences between two distributions given as log-probs over the same support [B, T, V]."""
+def vocab_divergences_per_token(logp_mu, logp_pi) -> dict[str, jax.Array]:
+  """Exact divergences between two distributions given as log-probs over the same support [B, T, V]:
+  one value per position, [B, T] (see `vocab_metrics` for the definitions)."""
   mu, pi = jnp.exp(logp_mu), jnp.exp(logp_pi)
   kl = lambda p, logp, logq: jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1)
   logm = jnp.logaddexp(logp_mu, logp_pi) - jnp.log(2.0)
-  mask = mask.astype(jnp.float32)
   return {
-      "kl_sampler_learner": _mean(kl(mu, logp_mu, logp_pi), mask),
-      "kl_learner_sampler": _mean(kl(pi, logp_pi, logp_mu), mask),
-      "tv": _mean(0.5 * jnp.sum(jnp.abs(mu - pi), axis=-1), mask),
-      "js": _mean(0.5 * kl(mu, logp_mu, logm) + 0.5 * kl(pi, logp_pi, logm), mask),
+      "kl_sampler_learner": kl(mu, logp_mu, logp_pi),
+      "kl_learner_sampler": kl(pi, logp_pi, logp_mu),
+      "tv": 0.5 * jnp.sum(jnp.abs(mu - pi), axis=-1),
+      "js": 0.5 * kl(mu, logp_mu, logm) + 0.5 * kl(pi, logp_pi, logm),
   }
+
+
+def token_mean(per_token: dict[str, jax.Array], mask) -> dict[str, jax.Array]:
+  """Mask-weighted mean of each [B, T] entry (how per-token vocabulary divergences become metrics)."""
+  mask = mask.astype(jnp.float32)
+  return {k: _mean(v, mask) for k, v in per_token.items()}
 
 
 def vocab_metrics(learner_logits, sampler_logits, mask) -> dict[str, jax.Array]:
@@ -97,17 +103,12 @@ def vocab_metrics(learner_logits, sampler_logits, mask) -> dict[str, jax.Array]:
   kl_sampler_learner = KL(mu || pi), kl_learner_sampler = KL(pi || mu), tv = 0.5 sum |mu - pi|,
   js = 0.5 KL(mu || M) + 0.5 KL(pi || M) with M = (mu + pi) / 2.
   """
-  return _vocab_divergences(jax.nn.log_softmax(sampler_logits, axis=-1),
-                            jax.nn.log_softmax(learner_logits, axis=-1), mask)
+  return token_mean(vocab_divergences_per_token(jax.nn.log_softmax(sampler_logits, axis=-1),
+                                                jax.nn.log_softmax(learner_logits, axis=-1)), mask)
 
 
-def vocab_metrics_topk(learner_logits, sampler_top_logprobs, sampler_top_ids, mask) -> dict[str, jax.Array]:
-  """The same divergences on the sampler's top-K tokens plus one tail bin (for large vocabularies).
-
-  sampler_top_logprobs/ids: [B, T, K] normalized log-probs of the sampler's K most likely tokens (what the
-  sampler returns). Both distributions are coarse-grained to (those K tokens, the rest); by the
-  data-processing inequality each divergence is a lower bound on the full one, exact when K = V.
-  """
+def vocab_divergences_topk_per_token(learner_logits, sampler_top_logprobs, sampler_top_ids) -> dict[str, jax.Array]:
+  """`vocab_metrics_topk`'s divergences, one value per position [B, T] (chunked callers average them)."""
   learner_logp = jax.nn.log_softmax(learner_logits, axis=-1)
   learner_top = jnp.take_along_axis(learner_logp, sampler_top_ids, axis=-1)
 
@@ -117,4 +118,14 @@ def vocab_metrics_topk(learner_logits, sampler_top_logprobs, sampler_top_ids, ma
     tail = jnp.log(jnp.clip(1.0 - jnp.sum(jnp.exp(top), axis=-1, keepdims=True), 1e-30, 1.0))
     return jnp.concatenate([top, tail], axis=-1)
 
-  return _vocab_divergences(with_tail(sampler_top_logprobs), with_tail(learner_top), mask)
+  return vocab_divergences_per_token(with_tail(sampler_top_logprobs), with_tail(learner_top))
+
+
+def vocab_metrics_topk(learner_logits, sampler_top_logprobs, sampler_top_ids, mask) -> dict[str, jax.Array]:
+  """The same divergences on the sampler's top-K tokens plus one tail bin (for large vocabularies).
+
+  sampler_top_logprobs/ids: [B, T, K] normalized log-probs of the sampler's K most likely tokens (what the
+  sampler returns). Both distributions are coarse-grained to (those K tokens, the rest); by the
+  data-processing inequality each divergence is a lower bound on the full one, exact when K = V.
+  """
+  return token_mean(vocab_divergences_topk_per_token(learner_logits, sampler_top_logprobs, sampler_top_ids), mask)

@@ -32,7 +32,6 @@ from opd_jax.data.batching import decode_responses
 from opd_jax.data.grader import is_correct
 from opd_jax.mismatch.calibration import Calibration
 from opd_jax.mismatch.metrics import token_metrics
-from opd_jax.objectives.logprobs import token_logprobs
 from opd_jax.rollout.config import RolloutConfig
 
 
@@ -43,12 +42,9 @@ def _masked_mean(x_BxR, mask_BxR) -> float:
 def _rollout_stats(cal: Calibration, out, is_cap: float, temperature: float) -> dict:
   """Graded quality and the OPD quantities of one rollout batch, scored by the clean learner and the teacher."""
   mask = out.mask_BxN
-  learner_logits = cal.learner_logits(out)
-  learner_logp_all = jax.nn.log_softmax(learner_logits, -1)
-  learner_logp = token_logprobs(learner_logits, out.tokens_BxN, temperature) * mask
+  learner_logp = cal.learner_logp(out, temperature=temperature)
   teacher_logp = cal.teacher_logp(out, temperature)
-  teacher_logp_all = jax.nn.log_softmax(cal.teacher_logits(out), -1)
-  prefix_kl_BxR = jnp.sum(jnp.exp(learner_logp_all) * (learner_logp_all - teacher_logp_all), -1)
+  prefix_kl_BxR = cal.prefix_kl(out)
   log_advantage = learner_logp - teacher_logp  # per-token k1 of KL(pi || pi_T)
   ratio = jnp.exp(jnp.clip(learner_logp - out.logprobs_BxN, -20, 20))
   w = jnp.minimum(ratio, is_cap) * mask
@@ -90,8 +86,7 @@ def analyze(cal: Calibration, rollout: RolloutConfig, sigma: float, seed: int = 
   noisy_out = cal.sample(noisy_rollout, noisy_state, key)
   # (a) same prefixes: both weight sets teacher-forced on the clean sampler's tokens; tokens ~ clean, so the
   # clean sampler takes token_metrics' sampler role and k3 estimates KL(clean || noisy).
-  on_clean = lambda state: token_logprobs(cal.learner_logits(clean_out, params=state), clean_out.tokens_BxN,
-                                          temperature) * clean_out.mask_BxN
+  on_clean = lambda state: cal.learner_logp(clean_out, params=state, temperature=temperature)
   same_prefix = token_metrics(on_clean(noisy_state), on_clean(clean_state), clean_out.mask_BxN, cal.is_cap)
   clean = _rollout_stats(cal, clean_out, cal.is_cap, temperature)
   noisy = _rollout_stats(cal, noisy_out, cal.is_cap, temperature)

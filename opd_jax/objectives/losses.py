@@ -23,8 +23,15 @@ tokens a_t. Log-probs and logits are float32.
   *_topk         the same three on the teacher's top-k support plus one tail bin: both distributions are
                  coarse-grained to (top-k tokens of pi_T, everything else). The tail bin keeps the divergence
                  well defined and, by the data-processing inequality, a lower bound on the full one; it is exact
-                 when pi_T puts no mass outside its top k. Teacher top-k values come from the full teacher
-                 logits here; with a separate teacher service only [B, R, K] need to travel.
+                 when pi_T puts no mass outside its top k. Only the teacher's top-k ids and log-probs [B, R, K]
+                 cross from the teacher to the learner.
+
+Every objective is per token: `token_losses` returns a loss term per response token ([B, R]) and the scalar
+loss is its sum over the mask divided by the batch's token count. The full-vocabulary objectives read a
+per-token divergence ([B, R]) that the learner computes chunk by chunk over the sequence
+(`opd_jax.objectives.chunked`), so no [B, R, V] tensor is needed; `divergence_from_logits` is the same
+divergence on whole logits (small vocabularies, tests). Dividing by an external token count lets micro-batches
+add up to exactly the full-batch loss and gradient.
 """
 
 from __future__ import annotations
@@ -65,8 +72,22 @@ class ObjectiveConfig:
                        f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
 
   @property
-  def needs_teacher_logits(self) -> bool:
-    return self.name not in ("reverse_kl_pg", "grpo")
+  def needs_teacher_hidden(self) -> bool:
+    """Exact full-vocabulary objectives: the learner recomputes the teacher's logits from its hidden states."""
+    return self.name in _EXACT_BETA
+
+  @property
+  def needs_teacher_topk(self) -> bool:
+    return self.name in _TOPK_BETA
+
+  @property
+  def vocab_beta(self) -> float | None:
+    """beta of the generalized JSD the vocabulary objectives compute (1 reverse KL, 0 forward KL); None for
+    the sampled-token objectives."""
+    if self.name not in _EXACT_BETA and self.name not in _TOPK_BETA:
+      return None
+    beta = {**_EXACT_BETA, **_TOPK_BETA}[self.name]
+    return self.beta if beta is None else beta
 
   @property
   def prompts_per_batch_divisor(self) -> int:
@@ -105,20 +126,35 @@ def generalized_jsd(student_logits, teacher_logits, mask, beta: float, temperatu
   return masked_mean(_jsd_per_token(student_logp, teacher_logp, beta), mask)
 
 
-def topk_coarse_grain(student_logits_BxRxV, teacher_logits_BxRxV, k: int, temperature: float = 1.0):
-  """Log-probs of both models on (teacher's top-k tokens, tail bin): [B, R, K+1] each."""
+def divergence_exact(student_logits_BxRxV, teacher_logits_BxRxV, beta: float, temperature: float) -> jax.Array:
+  """Per-token generalized JSD over the whole vocabulary, [B, R] (beta 1 reverse KL, 0 forward KL)."""
   student_logp = jax.nn.log_softmax(student_logits_BxRxV / temperature, axis=-1)
   teacher_logp = jax.nn.log_softmax(teacher_logits_BxRxV / temperature, axis=-1)
-  k = min(k, teacher_logp.shape[-1])
-  teacher_top_BxRxK, ids_BxRxK = jax.lax.top_k(teacher_logp, k)
-  student_top_BxRxK = jnp.take_along_axis(student_logp, ids_BxRxK, axis=-1)
+  return _jsd_per_token(student_logp, teacher_logp, beta)
 
-  def with_tail(top_BxRxK):
-    mass_BxRx1 = jnp.sum(jnp.exp(top_BxRxK), axis=-1, keepdims=True)
-    tail_BxRx1 = jnp.log(jnp.clip(1.0 - mass_BxRx1, 1e-30, 1.0))
-    return jnp.concatenate([top_BxRxK, tail_BxRx1], axis=-1)
 
-  return with_tail(student_top_BxRxK), with_tail(teacher_top_BxRxK)
+def divergence_topk(student_logits_BxRxV, teacher_top_logp_BxRxK, teacher_top_ids_BxRxK, beta: float,
+                    temperature: float) -> jax.Array:
+  """Per-token generalized JSD on (teacher's top-k tokens, tail bin), [B, R]; the teacher's top-k log-probs
+  are at `temperature` already (the scoring program computes them so)."""
+  student_logp = jax.nn.log_softmax(student_logits_BxRxV / temperature, axis=-1)
+  student_top_BxRxK = jnp.take_along_axis(student_logp, teacher_top_ids_BxRxK, axis=-1)
+  return _jsd_per_token(_with_tail(student_top_BxRxK), _with_tail(teacher_top_logp_BxRxK), beta)
+
+
+def _with_tail(top_BxRxK):
+  mass_BxRx1 = jnp.sum(jnp.exp(top_BxRxK), axis=-1, keepdims=True)
+  tail_BxRx1 = jnp.log(jnp.clip(1.0 - mass_BxRx1, 1e-30, 1.0))
+  return jnp.concatenate([top_BxRxK, tail_BxRx1], axis=-1)
+
+
+def divergence_from_logits(student_logits_BxRxV, teacher_logits_BxRxV, config: "ObjectiveConfig") -> jax.Array:
+  """The vocabulary objectives' per-token divergence from whole logits (the unchunked reference path)."""
+  if config.needs_teacher_topk:
+    teacher_logp = jax.nn.log_softmax(teacher_logits_BxRxV / config.temperature, axis=-1)
+    top_logp, top_ids = jax.lax.top_k(teacher_logp, min(config.top_k, teacher_logp.shape[-1]))
+    return divergence_topk(student_logits_BxRxV, top_logp, top_ids, config.vocab_beta, config.temperature)
+  return divergence_exact(student_logits_BxRxV, teacher_logits_BxRxV, config.vocab_beta, config.temperature)
 
 
 def group_advantages(reward_B: jax.Array, group_size: int) -> jax.Array:
@@ -143,12 +179,11 @@ def importance_weights(learner_logp_BxR, sampler_logp_BxR, kind: str, cap: float
 @dataclasses.dataclass(frozen=True)
 class LossInputs:
   """What every objective may read (all [B, R] unless noted)."""
-  student_logits_BxRxV: jax.Array  # learner, differentiable
   learner_logp_BxR: jax.Array  # log pi_theta(a_t), differentiable
   sampler_logp_BxR: jax.Array  # log mu(a_t) recorded by the sampler
   teacher_logp_BxR: jax.Array  # log pi_T(a_t)
-  teacher_logits_BxRxV: jax.Array | None  # needed by the full-vocabulary objectives
   mask_BxR: jax.Array
+  divergence_BxR: jax.Array | None = None  # vocabulary objectives: per-token divergence, differentiable
   advantage_B: jax.Array | None = None  # grpo: group-standardized reward of each response
 
 
@@ -156,9 +191,7 @@ def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
   student_logp = x.learner_logp_BxR if c.student_logp == "learner" else x.sampler_logp_BxR
   advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_logp)
   weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
-  loss = -masked_mean(weights_BxR * advantage_BxR * x.learner_logp_BxR, x.mask_BxR)
-  return loss, {"advantage": masked_mean(advantage_BxR, x.mask_BxR),
-                "is_weight": masked_mean(weights_BxR, x.mask_BxR)}
+  return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"advantage": advantage_BxR, "is_weight": weights_BxR}
 
 
 def _grpo(x: LossInputs, c: ObjectiveConfig):
@@ -167,35 +200,30 @@ def _grpo(x: LossInputs, c: ObjectiveConfig):
                      "grades them")
   advantage_BxR = jax.lax.stop_gradient(x.advantage_B)[:, None] * x.mask_BxR
   weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
-  loss = -masked_mean(weights_BxR * advantage_BxR * x.learner_logp_BxR, x.mask_BxR)
-  return loss, {"is_weight": masked_mean(weights_BxR, x.mask_BxR),
-                "zero_advantage_fraction": jnp.mean((jnp.abs(x.advantage_B) < 1e-3).astype(jnp.float32))}
+  return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"is_weight": weights_BxR}
 
 
-def _full(beta: float | None, topk: bool):
-  def objective(x: LossInputs, c: ObjectiveConfig):
-    b = c.beta if beta is None else beta
-    if topk:
-      s, t = topk_coarse_grain(x.student_logits_BxRxV, x.teacher_logits_BxRxV, c.top_k, c.temperature)
-    else:
-      s = jax.nn.log_softmax(x.student_logits_BxRxV / c.temperature, axis=-1)
-      t = jax.nn.log_softmax(x.teacher_logits_BxRxV / c.temperature, axis=-1)
-    return masked_mean(_jsd_per_token(s, t, b), x.mask_BxR), {}
-  return objective
+def _vocabulary(x: LossInputs, c: ObjectiveConfig):
+  if x.divergence_BxR is None:
+    raise ValueError(f"objective {c.name} needs the per-token vocabulary divergence (LossInputs.divergence_BxR)")
+  return x.divergence_BxR, {}
 
 
-OBJECTIVES: dict[str, Callable] = {
-    "reverse_kl_pg": _reverse_kl_pg,
-    "grpo": _grpo,
-    "reverse_kl": _full(1.0, topk=False),
-    "forward_kl": _full(0.0, topk=False),
-    "jsd": _full(None, topk=False),
-    "reverse_kl_topk": _full(1.0, topk=True),
-    "forward_kl_topk": _full(0.0, topk=True),
-    "jsd_topk": _full(None, topk=True),
-}
+_EXACT_BETA = {"reverse_kl": 1.0, "forward_kl": 0.0, "jsd": None}
+_TOPK_BETA = {"reverse_kl_topk": 1.0, "forward_kl_topk": 0.0, "jsd_topk": None}
+OBJECTIVES: dict[str, Callable] = {"reverse_kl_pg": _reverse_kl_pg, "grpo": _grpo,
+                                   **{name: _vocabulary for name in (*_EXACT_BETA, *_TOPK_BETA)}}
 
 
-def compute_loss(inputs: LossInputs, config: ObjectiveConfig):
-  """(scalar loss, dict of scalar diagnostics)."""
+def token_losses(inputs: LossInputs, config: ObjectiveConfig):
+  """(loss term per token [B, R], dict of per-token diagnostics [B, R]); masked entries are ignored."""
   return OBJECTIVES[config.name](inputs, config)
+
+
+def compute_loss(inputs: LossInputs, config: ObjectiveConfig, token_count: jax.Array | None = None):
+  """(scalar loss, dict of scalar diagnostics): token sums over the mask divided by `token_count` (default:
+  the mask's own count; a micro-batch passes the full batch's count so micro-batch losses add up)."""
+  loss_BxR, aux = token_losses(inputs, config)
+  count = jnp.maximum(jnp.sum(inputs.mask_BxR) if token_count is None else token_count, 1.0)
+  total = lambda x_BxR: jnp.sum(x_BxR * inputs.mask_BxR) / count
+  return total(loss_BxR), {k: total(v) for k, v in aux.items()}

@@ -15,24 +15,25 @@ from flax import nnx
 from opd_jax.data.batching import decode_responses, encode_prompts
 from opd_jax.data.grader import is_correct
 from opd_jax.data.task import Problem
-from opd_jax.objectives.logprobs import response_logits
+from opd_jax.objectives.chunked import exact_reverse_kl
+from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.train import distributed
 
 
-def make_reverse_kl_fn(student_graphdef, teacher_graphdef, teacher_state):
+def make_reverse_kl_fn(student_graphdef, teacher_graphdef, teacher_state, logits_chunk: int = 0):
   """Jitted (student_state, prompt, valid, response, mask) -> (sum over tokens of KL(S || T), token count).
 
-  Exact over the vocabulary at each of the student's own sampled prefixes (temperature 1).
+  Exact over the vocabulary at each of the student's own sampled prefixes (temperature 1), computed from both
+  models' final hidden states chunk by chunk (`logits_chunk` tokens at a time; 0 = all at once).
   """
 
   @jax.jit
   def reverse_kl(student_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
-    s_logp = jax.nn.log_softmax(response_logits(nnx.merge(student_graphdef, student_state), prompt_BxP,
-                                                valid_BxP, response_BxR, mask_BxR), axis=-1)
-    t_logp = jax.nn.log_softmax(response_logits(nnx.merge(teacher_graphdef, teacher_state), prompt_BxP,
-                                                valid_BxP, response_BxR, mask_BxR), axis=-1)
-    kl_BxR = jnp.sum(jnp.exp(s_logp) * (s_logp - t_logp), axis=-1)
+    student = nnx.merge(student_graphdef, student_state)
+    teacher = nnx.merge(teacher_graphdef, teacher_state)
+    hidden = lambda model: response_hidden(model, prompt_BxP, valid_BxP, response_BxR, mask_BxR)
+    kl_BxR = exact_reverse_kl(student, teacher, hidden(student), hidden(teacher), logits_chunk)
     return jnp.sum(kl_BxR * mask_BxR), jnp.sum(mask_BxR)
 
   return reverse_kl

@@ -44,12 +44,18 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
                 "checkpoint_every", "keep_checkpoints"):
     if not isinstance(t[field], int) or t[field] < 1:
       raise ValueError(f"train.{field} must be a positive integer, got {t[field]!r}")
+  for field in ("logits_chunk", "micro_batch_size"):
+    if not isinstance(t[field], int) or t[field] < 0:
+      raise ValueError(f"train.{field} must be an integer >= 0 (0 = off), got {t[field]!r}")
+  if t.micro_batch_size and t.batch_size % t.micro_batch_size:
+    raise ValueError(f"train.micro_batch_size={t.micro_batch_size} does not divide train.batch_size="
+                     f"{t.batch_size}; pick a divisor (or 0 for no micro-batching)")
   data, _, _ = shard_lib.mesh_shape(m.data, m.fsdp, m.tensor, device_count or jax.device_count())
   group = objective.prompts_per_batch_divisor
   if t.batch_size % group:
     raise ValueError(f"train.batch_size={t.batch_size} is not divisible by objective.group_size={group} "
                      "(grpo samples every prompt group_size times); change one of them")
-  for field in ("batch_size", "eval_batch_size"):
+  for field in ("batch_size", "eval_batch_size", "micro_batch_size"):
     if t[field] % (data * m.fsdp):
       raise ValueError(f"train.{field}={t[field]} is not divisible by the mesh's batch ways "
                        f"data*fsdp={data}*{m.fsdp}; change train.{field} or mesh.data/mesh.fsdp")
@@ -64,6 +70,15 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
       if not os.path.isfile(config.data[field]):
         raise ValueError(f"data.{field}={config.data[field]!r} is not a file (data.source='jsonl' needs it)")
   return rollout, objective
+
+
+def load_model(config, role: str, mesh=None):
+  """The config's teacher or student (role), in its param / compute dtypes with the config's model options,
+  each tensor placed straight onto its shards of `mesh` when given."""
+  sharding_for = shard_lib.loader_shardings(mesh) if mesh is not None else None
+  m = config.model
+  return load_pretrained(config[role], config[f"{role}_param_dtype"], compute_dtype=config[f"{role}_compute_dtype"],
+                         sharding_for=sharding_for, attention=m.attention, remat=m.remat, scan_layers=m.scan_layers)
 
 
 def _task(config) -> ArithmeticTask:
@@ -87,9 +102,10 @@ def train(config, workdir: str) -> dict:
   put_batch = functools.partial(distributed.put_global, sharding=batch_sharding)
   replicated = shard_lib.replicated(mesh)
 
-  # Models: the teacher is fixed (own dtype), the student is the learner; both sharded by the same rules.
-  teacher = load_pretrained(config.teacher, config.teacher_dtype, sharding_for=shard_lib.loader_shardings(mesh))
-  student = load_pretrained(config.student, config.student_dtype, sharding_for=shard_lib.loader_shardings(mesh))
+  # Models: the teacher is fixed (own dtypes), the student is the learner (float32 master params, compute in
+  # student_compute_dtype); both sharded by the same rules.
+  teacher = load_model(config, "teacher", mesh)
+  student = load_model(config, "student", mesh)
   teacher_graphdef, teacher_state = nnx.split(teacher)
   graphdef, params = nnx.split(student)
   rollout.validate_for(params)
@@ -114,17 +130,19 @@ def train(config, workdir: str) -> dict:
   state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
   state_shardings = shard_lib.state_shardings(state, mesh)
   state = jax.device_put(state, state_shardings)
+  teacher_shardings = shard_lib.state_shardings(teacher_state, mesh)
   step_fn = jax.jit(functools.partial(train_step, graphdef, optimizer, objective, rollout.temperature,
-                                      objective.is_cap),
-                    in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
-                    donate_argnums=(0,))
+                                      objective.is_cap, teacher_graphdef=teacher_graphdef,
+                                      logits_chunk=t.logits_chunk, micro_batch_size=t.micro_batch_size),
+                    in_shardings=(state_shardings, batch_sharding, teacher_shardings),
+                    out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
   vocab_k = student.config.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
   sampler = Sampler(graphdef, rollout.sampling(eos_ids=eos_ids, pad_id=pad_id, logits_top_k=vocab_k))
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
-                             teacher_state=teacher_state, rollout=rollout, sampler=sampler,
-                             need_teacher_logits=objective.needs_teacher_logits, put_batch=put_batch,
-                             seed=config.seed, split_mismatch=rollout.staleness_steps > 0 or t.mode == "async",
+                             teacher_state=teacher_state, rollout=rollout, sampler=sampler, objective=objective,
+                             put_batch=put_batch, seed=config.seed, logits_chunk=t.logits_chunk,
+                             split_mismatch=rollout.staleness_steps > 0 or t.mode == "async",
                              reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems) if group > 1 else None,
                              group_size=group)
 
@@ -134,7 +152,7 @@ def train(config, workdir: str) -> dict:
   if t.eval_sampled:
     eval_samplers["_sampled"] = Sampler(graphdef, SamplingConfig(max_new_tokens=rollout.max_new_tokens,
                                                                  temperature=1.0, eos_ids=eos_ids, pad_id=pad_id))
-  reverse_kl_fn = evaluation.make_reverse_kl_fn(graphdef, teacher_graphdef, teacher_state)
+  reverse_kl_fn = evaluation.make_reverse_kl_fn(graphdef, teacher_graphdef, teacher_state, t.logits_chunk)
 
   def run_eval(params) -> dict:
     row, start = {}, time.time()
@@ -195,7 +213,7 @@ def train(config, workdir: str) -> dict:
         batch = producer.produce(step, version, sampler_params, next(prompts))
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
-      state, metrics = step_fn(state, produced.batch)
+      state, metrics = step_fn(state, produced.batch, teacher_state)
       metrics["rollout/version_lag"] = step - produced.version
       pending.append(metrics)
       interval_tokens += produced.batch.mask_BxR.sum()

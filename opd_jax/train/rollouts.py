@@ -2,7 +2,8 @@
 
 `RolloutProducer.produce(index, version, params, prompts)` turns one prompt batch into a `RolloutBatch`:
 the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
-scoring, and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
+scoring (per-token log-probs, plus what the objective needs of the teacher: its final hidden states for the
+exact vocabulary objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
 that split the mismatch into its two factors. With a reward function (the GRPO baseline) every prompt is
 repeated group_size times and responses are graded (the train step standardizes rewards within each group);
 the teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The
@@ -25,9 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from opd_jax.objectives.logprobs import score
+from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import Sampler
-from opd_jax.objectives.logprobs import score
 from opd_jax.train import distributed
 from opd_jax.train.step import RolloutBatch
 
@@ -43,9 +45,9 @@ class Produced:
 class RolloutProducer:
 
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
-               need_teacher_logits: bool, put_batch, seed: int, split_mismatch: bool = False,
+               objective: ObjectiveConfig, put_batch, seed: int, logits_chunk: int = 0, split_mismatch: bool = False,
                reward_fn: Callable | None = None, group_size: int = 1):
-    """split_mismatch: score every batch with the dense learner version that generated it too, so the train step
+    """logits_chunk: response tokens per vocabulary chunk when scoring (0 = all at once). split_mismatch: score every batch with the dense learner version that generated it too, so the train step
     can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist).
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host), with group_size > 1:
     sample each prompt group_size times and attach the rewards (GRPO)."""
@@ -56,10 +58,12 @@ class RolloutProducer:
     self.teacher_state = teacher_state
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     temperature = rollout.temperature
-    self._teacher = jax.jit(functools.partial(score, teacher_graphdef, temperature=temperature,
-                                              return_logits=need_teacher_logits))
+    self._teacher = jax.jit(functools.partial(
+        score, teacher_graphdef, temperature=temperature, logits_chunk=logits_chunk,
+        return_hidden=objective.needs_teacher_hidden, top_k=objective.top_k if objective.needs_teacher_topk else 0,
+        top_k_temperature=objective.temperature))
     self._student = jax.jit(functools.partial(score, student_graphdef, temperature=temperature,
-                                              return_logits=False))
+                                              logits_chunk=logits_chunk))
     self._split = split_mismatch and (rollout.changes_weights or rollout.kv_cache != "native")
 
   def produce(self, index: int, version: int, params, prompts: dict) -> RolloutBatch:
@@ -69,17 +73,18 @@ class RolloutProducer:
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
     sampler_state = build_sampler_state(params, self.rollout, jnp.int32(version))
     out = self.sampler(sampler_state, prompt_BxP, valid_BxP, jax.random.fold_in(self.key, index))
-    teacher_logp, teacher_logits = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN,
-                                                 out.mask_BxN)
+    teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
     snapshot_logp = None
     if self._split:
-      snapshot_logp, _ = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
+      snapshot_logp = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN).logp_BxR
     reward = None
     if self.reward_fn is not None:
       tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
       reward = self.put_batch(np.asarray(self.reward_fn(prompts["index_B"], tokens, mask), np.float32))
-    return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher_logp,
-                        teacher_logits, out.top_logprobs_BxNxK, out.top_ids_BxNxK, snapshot_logp, reward)
+    return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher.logp_BxR,
+                        teacher_hidden_BxRxD=teacher.hidden_BxRxD, teacher_top_logprobs_BxRxK=teacher.top_logp_BxRxK,
+                        teacher_top_ids_BxRxK=teacher.top_ids_BxRxK, sampler_top_logprobs_BxRxK=out.top_logprobs_BxNxK,
+                        sampler_top_ids_BxRxK=out.top_ids_BxNxK, snapshot_logp_BxR=snapshot_logp, reward_B=reward)
 
 
 class AsyncRollouts:

@@ -1,6 +1,15 @@
-"""The learner: a pure, jitted OPD train step with explicit shardings, plus the teacher scoring function.
+"""The learner: a pure, jitted OPD train step with explicit shardings.
 
-Legend: B batch, P prompt length, R response length, V vocab, K sampler top-k.
+Legend: B batch, M micro-batch, P prompt length, R response length, C chunk length, D model width,
+V vocab, K top-k.
+
+Memory: the step never holds a whole [B, R, V] tensor. The learner runs to its final hidden states [M, R, D]
+and everything over the vocabulary -- log-probs of the sampled tokens, the objective's per-token divergence
+(teacher logits recomputed from the teacher's hidden states with the teacher's head, or the teacher's top-k),
+vocabulary mismatch metrics -- runs over chunks of `logits_chunk` tokens inside a rematerialized scan
+(`opd_jax.objectives.chunked`). `micro_batch_size` splits the batch into micro-batches whose gradients are
+accumulated in a scan; every loss term is divided by the whole batch's token count, so the accumulated update
+equals the full-batch update.
 
 Every batch's sampler-vs-learner mismatch metrics (token level and, when the sampler returned its top-k
 log-probs, vocabulary level) are computed inside the step from the learner's own forward pass: no extra host
@@ -16,15 +25,18 @@ A step whose loss or gradient norm is not finite leaves parameters and optimizer
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from opd_jax.mismatch.metrics import token_metrics, vocab_metrics_topk
-from opd_jax.objectives.logprobs import response_logits, token_logprobs
-from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss, group_advantages, masked_mean
+from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
+from opd_jax.objectives.chunked import gather_logp, tempered_log_softmax, token_map
+from opd_jax.objectives.logprobs import response_hidden
+from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact, divergence_topk,
+                                       group_advantages, masked_mean)
 
 
 @jax.tree_util.register_dataclass
@@ -44,7 +56,9 @@ class RolloutBatch:
   mask_BxR: jax.Array
   sampler_logp_BxR: jax.Array
   teacher_logp_BxR: jax.Array
-  teacher_logits_BxRxV: jax.Array | None = None
+  teacher_hidden_BxRxD: jax.Array | None = None  # exact vocabulary objectives: teacher's final hidden states
+  teacher_top_logprobs_BxRxK: jax.Array | None = None  # *_topk objectives: teacher's top-k at objective temp.
+  teacher_top_ids_BxRxK: jax.Array | None = None
   sampler_top_logprobs_BxRxK: jax.Array | None = None
   sampler_top_ids_BxRxK: jax.Array | None = None
   snapshot_logp_BxR: jax.Array | None = None
@@ -55,23 +69,105 @@ def _prefixed(prefix: str, metrics: dict) -> dict:
   return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
 
+def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int, teacher,
+                     vocab_metrics: bool, params, batch: RolloutBatch):
+  """Per-token learner quantities of one (micro-)batch, [B, R] each: "logp" (differentiable), "divergence"
+  (vocabulary objectives, differentiable) and "vocab/*" mismatch terms (no gradient)."""
+  model = nnx.merge(graphdef, params)
+  arrays = {"hidden": response_hidden(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
+                                      batch.mask_BxR),
+            "tokens": batch.response_BxR}
+  if objective.needs_teacher_hidden:
+    arrays["teacher_hidden"] = batch.teacher_hidden_BxRxD
+  if objective.needs_teacher_topk:
+    arrays["teacher_top_logp"], arrays["teacher_top_ids"] = batch.teacher_top_logprobs_BxRxK, batch.teacher_top_ids_BxRxK
+  if vocab_metrics:
+    arrays["sampler_top_logp"], arrays["sampler_top_ids"] = batch.sampler_top_logprobs_BxRxK, batch.sampler_top_ids_BxRxK
+  beta, t = objective.vocab_beta, objective.temperature
+
+  def per_chunk(x):
+    logits_BxCxV = model.logits(x["hidden"])
+    out = {"logp": gather_logp(tempered_log_softmax(logits_BxCxV, temperature), x["tokens"])}
+    if objective.needs_teacher_hidden:
+      teacher_logits_BxCxV = jax.lax.stop_gradient(teacher.logits(x["teacher_hidden"]))
+      out["divergence"] = divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t)
+    if objective.needs_teacher_topk:
+      out["divergence"] = divergence_topk(logits_BxCxV, x["teacher_top_logp"], x["teacher_top_ids"], beta, t)
+    if vocab_metrics:  # compared at temperature 1 (what the sampler's top-k log-probs are)
+      out.update({f"vocab/{k}": v for k, v in vocab_divergences_topk_per_token(
+          jax.lax.stop_gradient(logits_BxCxV), x["sampler_top_logp"], x["sampler_top_ids"]).items()})
+    return out
+
+  return token_map(per_chunk, arrays, logits_chunk)
+
+
+def _split_micro(tree, micro_batch_size: int):
+  """[B, ...] leaves -> [n, M, ...]: micro-batch j holds rows j, n + j, 2n + j, ..., so each device's rows of a
+  batch-sharded array spread evenly over the micro-batches."""
+  def split(x):
+    n = x.shape[0] // micro_batch_size
+    return jnp.swapaxes(x.reshape(micro_batch_size, n, *x.shape[1:]), 0, 1)
+  return jax.tree.map(split, tree)
+
+
+def _merge_micro(tree):
+  """Inverse of _split_micro: [n, M, ...] -> [B, ...]."""
+  return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
 def train_step(graphdef, optimizer: optax.GradientTransformation, objective: ObjectiveConfig,
-               temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch,
+               temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
+               teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
                mismatch_metrics: bool = True):
-  """One update. mismatch_metrics=False drops the mismatch families (benchmarks measure their cost)."""
+  """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
+
+  teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
+  the batch's teacher hidden states into logits chunk by chunk). logits_chunk: response tokens per vocabulary
+  chunk (0 = the whole response at once). micro_batch_size: rows per gradient-accumulation micro-batch
+  (0 = the whole batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost).
+  """
   mask = batch.mask_BxR
+  B = mask.shape[0]
+  M = micro_batch_size or B
+  if B % M:
+    raise ValueError(f"train.micro_batch_size={M} does not divide the batch of {B} responses")
+  if objective.needs_teacher_hidden and (teacher_state is None or teacher_graphdef is None
+                                         or batch.teacher_hidden_BxRxD is None):
+    raise ValueError(f"objective {objective.name} needs the teacher (teacher_state, teacher_graphdef) and the "
+                     "batch's teacher_hidden_BxRxD")
+  teacher = nnx.merge(teacher_graphdef, teacher_state) if objective.needs_teacher_hidden else None
+  vocab_metrics = mismatch_metrics and batch.sampler_top_logprobs_BxRxK is not None
   advantage_B = None if batch.reward_B is None else group_advantages(batch.reward_B, objective.group_size)
+  token_count = jnp.sum(mask)
+  forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
+                              vocab_metrics)
 
-  def loss_fn(params):
-    model = nnx.merge(graphdef, params)
-    logits_BxRxV = response_logits(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask)
-    learner_logp_BxR = token_logprobs(logits_BxRxV, batch.response_BxR, temperature) * mask
-    inputs = LossInputs(logits_BxRxV, learner_logp_BxR, batch.sampler_logp_BxR, batch.teacher_logp_BxR,
-                        batch.teacher_logits_BxRxV, mask, advantage_B)
-    loss, aux = compute_loss(inputs, objective)
-    return loss, (aux, logits_BxRxV, learner_logp_BxR)
+  def loss_fn(params, micro: RolloutBatch, micro_advantage_B):
+    per_token = forward(params, micro)
+    learner_logp_BxR = per_token.pop("logp") * micro.mask_BxR
+    inputs = LossInputs(learner_logp_BxR, micro.sampler_logp_BxR, micro.teacher_logp_BxR, micro.mask_BxR,
+                        per_token.pop("divergence", None), micro_advantage_B)
+    loss, aux = compute_loss(inputs, objective, token_count)
+    per_token["learner_logp"] = learner_logp_BxR
+    return loss, (aux, jax.lax.stop_gradient(per_token))
 
-  (loss, (aux, logits_BxRxV, learner_logp_BxR)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if M == B:
+    (loss, (aux, per_token)), grads = grad_fn(state.params, batch, advantage_B)
+  else:
+    micro_batches = _split_micro((batch, advantage_B), M)
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    (loss0, (aux0, _)), grads0 = jax.eval_shape(grad_fn, state.params, *first)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, aux0, grads0))
+
+    def accumulate(total, micro):
+      (loss, (aux, per_token)), grads = grad_fn(state.params, *micro)
+      return jax.tree.map(jnp.add, total, (loss, aux, grads)), per_token
+
+    (loss, aux, grads), per_token = jax.lax.scan(accumulate, zeros, micro_batches)
+    per_token = _merge_micro(per_token)
+  learner_logp_BxR = per_token.pop("learner_logp")
+
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -80,26 +176,25 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   new_state = TrainState(keep(new_params, state.params), keep(new_opt_state, state.opt_state),
                          state.step + finite.astype(jnp.int32))
 
-  learner_logp_BxR = jax.lax.stop_gradient(learner_logp_BxR)
   metrics = {
       "loss": loss,
       "grad_norm": grad_norm,
       "skipped": 1.0 - finite.astype(jnp.float32),
-      "response_tokens": jnp.sum(mask) / mask.shape[0],
+      "response_tokens": jnp.sum(mask) / B,
       # k1 estimate of KL(student || teacher) on the student's own samples: what OPD minimizes.
       "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
       **{f"opd/{k}": v for k, v in aux.items()},
   }
+  if objective.name == "grpo" and advantage_B is not None:
+    metrics["opd/zero_advantage_fraction"] = jnp.mean((jnp.abs(advantage_B) < 1e-3).astype(jnp.float32))
   if batch.reward_B is not None:
     metrics["rollout/reward"] = jnp.mean(batch.reward_B)
   if not mismatch_metrics:
     return new_state, metrics
   metrics.update(_prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)))
-  if batch.sampler_top_logprobs_BxRxK is not None:
-    # Vocabulary metrics compare distributions at temperature 1 (what the sampler's top-k log-probs are).
-    metrics.update(_prefixed("mismatch_vocab", vocab_metrics_topk(
-        jax.lax.stop_gradient(logits_BxRxV), batch.sampler_top_logprobs_BxRxK, batch.sampler_top_ids_BxRxK,
-        mask)))
+  if vocab_metrics:
+    metrics.update(_prefixed("mismatch_vocab", token_mean(
+        {k.removeprefix("vocab/"): v for k, v in per_token.items() if k.startswith("vocab/")}, mask)))
   if batch.snapshot_logp_BxR is not None:
     precision = token_metrics(batch.snapshot_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)
     staleness = token_metrics(learner_logp_BxR, batch.snapshot_logp_BxR, mask, is_cap)
