@@ -1,0 +1,85 @@
+"""Memory planner: does a teacher -> student OPD run fit the device? No GPU and no weights needed.
+
+  python launch/plan_memory.py --teacher=qwen3-1.7b --student=qwen3-0.6b --batch=64 --prompt_tokens=256 \
+      --response_tokens=1024 --device_memory_gb=80 [--devices=8 --mesh_fsdp=8 --mesh_tensor=1] \
+      [--weights=none|bf16|int8|fp8] [--kv_cache=native|bf16|int8|fp8] [--staleness=k] [--micro_batch_size=M] \
+      [--logits_chunk=C] [--remat=none|full|dots_saveable] [--objective=NAME] [--json]
+
+--teacher / --student: an HF config.json directory or a shipped real shape (configs/models/<name>). Compiles
+every program of the run with abstract shapes on --devices simulated CPU devices and prints per-device
+argument / output / temp / alias / peak GiB per program, the resident bytes between programs, the verdict and
+the largest micro-batch that fits (see opd_jax/analysis/memory_plan.py). --json prints one JSON object
+instead. --measure_rss also runs the train step on real arrays on CPU and compares the prediction with the
+measured peak RSS (small configs only). Exit code 0 (fits or not), 2 on bad input.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_TEACHER = flags.DEFINE_string("teacher", None, "Teacher: HF config dir or shipped name (configs/models).")
+_STUDENT = flags.DEFINE_string("student", None, "Student: HF config dir or shipped name (configs/models).")
+_BATCH = flags.DEFINE_integer("batch", 64, "Responses per train step (B).")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 256, "Prompt length (P).")
+_RESPONSE = flags.DEFINE_integer("response_tokens", 1024, "Response length / max new tokens (R).")
+_MEMORY = flags.DEFINE_float("device_memory_gb", 80.0, "Memory of one device in GiB (2**30 bytes).")
+_DEVICES = flags.DEFINE_integer("devices", 1, "Simulated devices in the mesh.")
+_FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "fsdp axis size (data = devices / (fsdp * tensor)).")
+_TENSOR = flags.DEFINE_integer("mesh_tensor", 1, "tensor axis size.")
+_WEIGHTS = flags.DEFINE_string("weights", "none", "Sampler weight recipe: none | bf16 | int8 | fp8.")
+_KV = flags.DEFINE_string("kv_cache", "native", "Sampler KV cache: native | bf16 | int8 | fp8.")
+_STALENESS = flags.DEFINE_integer("staleness", 0, "Sampler weight snapshots kept (staleness steps).")
+_MICRO = flags.DEFINE_integer("micro_batch_size", 0, "Train-step micro-batch; 0 = the whole batch.")
+_CHUNK = flags.DEFINE_integer("logits_chunk", 256, "Response tokens per vocabulary chunk; 0 = unchunked.")
+_REMAT = flags.DEFINE_string("remat", "full", "Student layer remat: none | full | dots_saveable.")
+_OBJECTIVE = flags.DEFINE_string("objective", "reverse_kl_pg", "OPD objective (decides what the teacher hands over).")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
+_MEASURE = flags.DEFINE_bool("measure_rss", False, "Also measure the train step's peak RSS on CPU (small configs).")
+
+
+def run() -> None:
+  from opd_jax.analysis import memory_plan as mp
+  if not _TEACHER.value or not _STUDENT.value:
+    raise ValueError("--teacher and --student are required (an HF config dir or one of: "
+                     f"{', '.join(mp.known_models())})")
+  plan = mp.PlanConfig(
+      teacher=mp.resolve_model(_TEACHER.value, "--teacher"), student=mp.resolve_model(_STUDENT.value, "--student"),
+      batch_size=_BATCH.value, prompt_tokens=_PROMPT.value, response_tokens=_RESPONSE.value,
+      device_memory_bytes=int(_MEMORY.value * mp.GIB), devices=_DEVICES.value, mesh_fsdp=_FSDP.value,
+      mesh_tensor=_TENSOR.value, weights=_WEIGHTS.value, kv_cache=_KV.value, staleness_steps=_STALENESS.value,
+      micro_batch_size=_MICRO.value, logits_chunk=_CHUNK.value, remat=_REMAT.value, objective=_OBJECTIVE.value)
+  log = (lambda s: None) if _JSON.value else (lambda s: print(s, file=sys.stderr, flush=True))
+  result = mp.plan_memory(plan, log=log)
+  out = result.to_json()
+  if _MEASURE.value:
+    out["rss_check"] = mp.measure_train_step_rss(plan)
+  if _JSON.value:
+    print(json.dumps(out))
+    return
+  print(f"teacher {_TEACHER.value} -> student {_STUDENT.value}")
+  print(mp.format_plan(result))
+  if _MEASURE.value:
+    check = out["rss_check"]
+    print(f"rss check: predicted {check['predicted_bytes'] / 2**20:.1f} MiB, measured "
+          f"{check['measured_bytes'] / 2**20:.1f} MiB, relative error {check['relative_error']:+.1%}"
+          + ("" if check["valid"] else " (INVALID: compilation set the peak RSS)"))
+
+
+def main(argv):
+  del argv
+  # Simulated devices must be configured before jax is imported (quiet_logs imports it).
+  flag = f"--xla_force_host_platform_device_count={_DEVICES.value}"
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  _cli.quiet_logs()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  app.run(main)

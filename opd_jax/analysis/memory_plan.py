@@ -1,0 +1,428 @@
+"""Memory planner: does an OPD run fit the device? Answered without a GPU and without allocating weights.
+
+Every jitted program of a run (sampler, teacher scoring, train step, evaluation reverse KL) is compiled ahead
+of time with abstract, sharded arguments (`jax.ShapeDtypeStruct` + `NamedSharding`) on a mesh of simulated
+CPU devices, and XLA's buffer assignment gives per-device bytes (`compiled.memory_analysis()`):
+
+  argument  the program's inputs (parameters, optimizer state, batch)
+  output    its outputs
+  temp      its intermediates (activations, logits, KV cache, gradients)
+  alias     output bytes that reuse donated input buffers (the train step donates its state)
+  peak      argument + output + temp - alias: what the program holds while it runs. (XLA's own
+            `peak_memory_in_bytes` is not used: on XLA:CPU it leaves out the temp buffer.)
+
+Resident bytes stay on the device between programs: teacher parameters, learner parameters, optimizer state,
+the sampler's weights at the rollout recipe's precision (a separate copy only when the recipe changes the
+weights), `staleness_steps` snapshots of those sampler weights, and the rollout batch. A program's total
+is its peak plus the resident entries that are not among its own arguments, so nothing is counted twice.
+The run fits when the largest total fits the device memory.
+
+The largest micro-batch that fits: powers of two dividing the batch (and divisible by the mesh's batch
+shards), searched by bisection (the train step's total grows with the micro-batch), compiling the train step
+at each one tried.
+
+Caveats: XLA:CPU fuses and assigns buffers differently from GPU / TPU (it may, for example, widen bfloat16
+intermediates to float32), so the numbers are estimates of the right order, not guarantees; leave headroom.
+`measure_train_step_rss` compares a prediction with the measured peak RSS of a real CPU run.
+
+Legend: B batch, P prompt tokens, R response tokens, V vocab, K sampler top-k, M micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from opd_jax.models.config import ModelConfig, read_hf_config
+from opd_jax.models.decoder import Decoder
+from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, state_shardings
+from opd_jax.objectives.logprobs import score
+from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+from opd_jax.rollout.sampler import Sampler
+from opd_jax.train.evaluation import make_reverse_kl_fn
+from opd_jax.train.optimizer import make_optimizer, make_schedule
+from opd_jax.train.step import RolloutBatch, TrainState, train_step
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS_DIR = os.path.join(REPO, "configs", "models")  # shipped real shapes: <name>/config.json (no weights)
+GIB = 2 ** 30
+SAMPLER_TOP_K = 64  # top-k log-probs the sampler returns per token (vocabulary mismatch metrics)
+REMATS = ("none", "full", "dots_saveable")
+# Planning compiles are never run: skip LLVM's optimizations (same buffer sizes, ~2x faster compiles on CPU).
+PLANNING_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def known_models() -> list[str]:
+  return sorted(d for d in os.listdir(MODELS_DIR) if os.path.isfile(os.path.join(MODELS_DIR, d, "config.json")))
+
+
+def resolve_model(name_or_dir: str, flag: str) -> ModelConfig:
+  """An HF config.json directory, or the name of a shipped real shape (configs/models/<name>)."""
+  if os.path.isdir(name_or_dir):
+    return read_hf_config(name_or_dir)
+  if name_or_dir.lower() in known_models():
+    return read_hf_config(os.path.join(MODELS_DIR, name_or_dir.lower()))
+  raise ValueError(f"{flag}={name_or_dir!r} is neither an HF model directory nor a shipped model name; "
+                   f"known names: {', '.join(known_models())}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+  """One run to plan. Errors name the launch flag (launch/plan_memory.py) that set the bad value."""
+
+  teacher: ModelConfig
+  student: ModelConfig
+  batch_size: int  # responses per step (B)
+  prompt_tokens: int  # P
+  response_tokens: int  # R = max new tokens
+  device_memory_bytes: int
+  devices: int = 1  # simulated CPU devices in the mesh
+  mesh_fsdp: int = 1  # data = devices / (fsdp * tensor)
+  mesh_tensor: int = 1
+  weights: str = "none"  # sampler weight recipe: none | bf16 | int8 | fp8
+  kv_cache: str = "native"  # sampler KV cache: native | bf16 | int8 | fp8
+  staleness_steps: int = 0  # sampler weight snapshots kept
+  micro_batch_size: int = 0  # rows per train-step pass; 0 = the whole batch
+  logits_chunk: int = 256  # response tokens per vocabulary chunk (train step, scoring, eval); 0 = unchunked
+  remat: str = "full"  # student layer rematerialization: none | full | dots_saveable
+  objective: str = "reverse_kl_pg"  # decides what the teacher hands the learner (hidden states / top-k)
+  top_k: int = 16  # *_topk objectives: teacher top-k support
+  student_param_dtype: str = "float32"  # master weights and optimizer state
+  student_compute_dtype: str = "bfloat16"
+  teacher_dtype: str = "bfloat16"  # teacher params and compute
+
+  def __post_init__(self):
+    for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
+                        ("--response_tokens", self.response_tokens), ("--devices", self.devices)):
+      if value < 1:
+        raise ValueError(f"{flag} must be >= 1, got {value}")
+    if self.device_memory_bytes <= 0:
+      raise ValueError(f"--device_memory_gb must be > 0, got {self.device_memory_bytes / GIB:g}")
+    if self.staleness_steps < 0 or self.logits_chunk < 0 or self.micro_batch_size < 0:
+      raise ValueError("--staleness, --logits_chunk and --micro_batch_size must be >= 0, got "
+                       f"{self.staleness_steps}, {self.logits_chunk}, {self.micro_batch_size}")
+    if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+      raise ValueError(f"--micro_batch_size={self.micro_batch_size} does not divide --batch={self.batch_size}")
+    if self.remat not in REMATS:
+      raise ValueError(f"--remat must be one of {', '.join(REMATS)}, got {self.remat!r}")
+    try:
+      data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.devices)
+    except ValueError as e:
+      raise ValueError(f"--mesh_fsdp / --mesh_tensor / --devices: {e}") from None
+    for rows, flag in ((self.batch_size, "--batch"), (self.micro_batch_size, "--micro_batch_size")):
+      if rows % (data * fsdp):
+        raise ValueError(f"{flag}={rows} is not divisible by the mesh's batch shards data*fsdp={data * fsdp}")
+    self.rollout()  # validates --weights / --kv_cache
+    try:
+      ObjectiveConfig(name=self.objective, top_k=self.top_k)
+    except ValueError as e:
+      raise ValueError(f"--objective={self.objective!r}: {e}") from None
+
+  def rollout(self) -> RolloutConfig:
+    try:
+      return RolloutConfig(weights=self.weights, kv_cache=self.kv_cache, staleness_steps=self.staleness_steps,
+                           max_new_tokens=self.response_tokens)
+    except ValueError as e:
+      raise ValueError(f"--weights={self.weights!r} / --kv_cache={self.kv_cache!r}: {e}") from None
+
+  @property
+  def batch_shards(self) -> int:
+    data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.devices)
+    return data * fsdp
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  fn: Callable  # jitted; lowered with `args`
+  args: tuple  # abstract arguments (ShapeDtypeStructs with shardings)
+  uses: tuple[str, ...]  # resident entries that are among its arguments (not added again to its total)
+
+
+def _abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _with_shardings(tree, shardings):
+  return jax.tree.map(lambda a, s: _abstract(a.shape, a.dtype, s), tree, shardings)
+
+
+def _abstract_model(config: ModelConfig, dtype: str, param_dtype: str, **options):
+  model = nnx.eval_shape(lambda: Decoder(config, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(param_dtype),
+                                         **options))
+  return nnx.split(model)
+
+
+def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
+  """Every jitted program of a run with abstract sharded arguments, plus the abstract resident state.
+
+  The one place that calls the run's APIs (models, optimizer, sampler, teacher scoring, train step,
+  evaluation), exactly as opd_jax.train.loop builds them. Returns (programs by name, resident trees by name). The train step takes the whole batch and accumulates gradients over `micro_batch_size` rows.
+  """
+  B, P, R, K = plan.batch_size, plan.prompt_tokens, plan.response_tokens, SAMPLER_TOP_K
+  objective = ObjectiveConfig(name=plan.objective, top_k=plan.top_k)
+  s_graphdef, s_params = _abstract_model(plan.student, plan.student_compute_dtype, plan.student_param_dtype,
+                                         remat=plan.remat)
+  t_graphdef, t_params = _abstract_model(plan.teacher, plan.teacher_dtype, plan.teacher_dtype)
+  optimizer = make_optimizer(make_schedule(learning_rate=1e-6, warmup_steps=0, total_steps=1),
+                             weight_decay=0.0, grad_clip_norm=1.0)
+  state = TrainState(s_params, jax.eval_shape(optimizer.init, s_params), jax.ShapeDtypeStruct((), jnp.int32))
+  rollout = plan.rollout()
+  sampler_params = jax.eval_shape(lambda p: build_sampler_state(p, rollout, jnp.int32(0)), s_params)
+
+  state_sharding = state_shardings(state, mesh)
+  state = _with_shardings(state, state_sharding)
+  teacher_sharding = state_shardings(t_params, mesh)
+  t_params = _with_shardings(t_params, teacher_sharding)
+  sampler_params = _with_shardings(sampler_params, state_shardings(sampler_params, mesh))
+  rows, replicated = batch_sharding(mesh), NamedSharding(mesh, PartitionSpec())
+  split = plan.staleness_steps > 0 and (rollout.changes_weights or rollout.kv_cache != "native")
+  teacher_k = objective.top_k if objective.needs_teacher_topk else 0
+  batch = RolloutBatch(
+      prompt_BxP=_abstract((B, P), jnp.int32, rows), prompt_valid_BxP=_abstract((B, P), jnp.bool_, rows),
+      response_BxR=_abstract((B, R), jnp.int32, rows), mask_BxR=_abstract((B, R), jnp.float32, rows),
+      sampler_logp_BxR=_abstract((B, R), jnp.float32, rows), teacher_logp_BxR=_abstract((B, R), jnp.float32, rows),
+      teacher_hidden_BxRxD=(_abstract((B, R, plan.teacher.hidden_size), jnp.dtype(plan.teacher_dtype), rows)
+                            if objective.needs_teacher_hidden else None),
+      teacher_top_logprobs_BxRxK=_abstract((B, R, teacher_k), jnp.float32, rows) if teacher_k else None,
+      teacher_top_ids_BxRxK=_abstract((B, R, teacher_k), jnp.int32, rows) if teacher_k else None,
+      sampler_top_logprobs_BxRxK=_abstract((B, R, K), jnp.float32, rows),
+      sampler_top_ids_BxRxK=_abstract((B, R, K), jnp.int32, rows),
+      snapshot_logp_BxR=_abstract((B, R), jnp.float32, rows) if split else None)
+  tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
+  key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, replicated)
+  sampler = Sampler(s_graphdef, rollout.sampling(eos_ids=plan.student.eos_token_id, pad_id=0, logits_top_k=K))
+  teacher = jax.jit(functools.partial(score, t_graphdef, temperature=1.0, logits_chunk=plan.logits_chunk,
+                                      return_hidden=objective.needs_teacher_hidden, top_k=teacher_k))
+  step = jax.jit(functools.partial(train_step, s_graphdef, optimizer, objective, 1.0, 2.0,
+                                   teacher_graphdef=t_graphdef, logits_chunk=plan.logits_chunk,
+                                   micro_batch_size=micro_batch_size),
+                 in_shardings=(state_sharding, rows, teacher_sharding), out_shardings=(state_sharding, replicated),
+                 donate_argnums=(0,))
+
+  @jax.jit
+  def reverse_kl(student_params, teacher_params, *tokens):
+    return make_reverse_kl_fn(s_graphdef, t_graphdef, teacher_params, plan.logits_chunk)(student_params, *tokens)
+
+  sampler_weights = "sampler_weights" if rollout.changes_weights else "learner_params"
+  programs = {
+      "sampler": Program(sampler._fn, (sampler_params, *tokens[:2], key), (sampler_weights,)),
+      "teacher_score": Program(teacher, (t_params, *tokens), ("teacher_params",)),
+      "train_step": Program(step, (state, batch, t_params),
+                            ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
+      "eval_reverse_kl": Program(reverse_kl, (state.params, t_params, *tokens), ("learner_params", "teacher_params")),
+  }
+  resident = {"teacher_params": t_params, "learner_params": state.params, "optimizer_state": state.opt_state,
+              "sampler_weights": sampler_params if rollout.changes_weights else (),
+              "staleness_snapshots": [sampler_params] * plan.staleness_steps, "rollout_batch": batch}
+  return programs, resident
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes one device holds of an abstract tree (each leaf's shard under its sharding)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  argument_bytes: int
+  output_bytes: int
+  temp_bytes: int
+  alias_bytes: int
+  peak_bytes: int  # see the module docstring
+  compile_seconds: float
+
+
+def compile_memory(program: Program) -> ProgramMemory:
+  """Lowers and compiles (never runs) the program. LLVM optimization is off: buffer assignment happens on
+  the optimized HLO before LLVM, so the sizes are the same, and compiling takes about half the time."""
+  start = time.perf_counter()
+  compiled = program.fn.lower(*program.args).compile(compiler_options=PLANNING_COMPILER_OPTIONS)
+  seconds = time.perf_counter() - start
+  stats = compiled.memory_analysis()
+  arg, out, temp, alias = (stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes,
+                           stats.alias_size_in_bytes)
+  return ProgramMemory(arg, out, temp, alias, arg + out + temp - alias, seconds)
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+  plan: PlanConfig
+  programs: dict[str, ProgramMemory]  # compiled at micro_batch_used
+  totals: dict[str, int]  # program peak + resident entries it does not take as arguments
+  resident: dict[str, int]
+  micro_batch_used: int
+  micro_batch_size: int  # largest that fits (0: none does)
+  micro_batch_totals: dict[int, int]  # train-step total at each micro-batch compiled
+
+  @property
+  def peak_bytes_per_device(self) -> int:
+    return max(self.totals.values())
+
+  @property
+  def fits(self) -> bool:
+    return self.peak_bytes_per_device <= self.plan.device_memory_bytes
+
+  def to_json(self) -> dict:
+    return {
+        "fits": self.fits, "peak_bytes_per_device": self.peak_bytes_per_device,
+        "device_memory_bytes": self.plan.device_memory_bytes, "micro_batch_size": self.micro_batch_size,
+        "micro_batch_used": self.micro_batch_used,
+        "programs": {name: m.peak_bytes for name, m in self.programs.items()},
+        "program_totals": dict(self.totals), "resident_bytes": dict(self.resident),
+        "program_details": {name: dataclasses.asdict(m) for name, m in self.programs.items()},
+        "micro_batch_totals": {str(k): v for k, v in sorted(self.micro_batch_totals.items())},
+    }
+
+
+def plan_mesh(plan: PlanConfig) -> Mesh:
+  if jax.device_count() < plan.devices:
+    raise ValueError(f"--devices={plan.devices} but jax sees {jax.device_count()} device(s); set "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={plan.devices} before jax is imported "
+                     "(launch/plan_memory.py does)")
+  return make_mesh(-1, plan.mesh_fsdp, plan.mesh_tensor, devices=jax.devices()[:plan.devices])
+
+
+def _total(memory: ProgramMemory, program: Program, resident: dict[str, int]) -> int:
+  return memory.peak_bytes + sum(b for name, b in resident.items() if name not in program.uses)
+
+
+def micro_batch_candidates(plan: PlanConfig) -> list[int]:
+  """Powers of two that divide the batch and split evenly over the mesh's batch shards, ascending."""
+  return [m for m in (2 ** i for i in range(plan.batch_size.bit_length()))
+          if plan.batch_size % m == 0 and m % plan.batch_shards == 0]
+
+
+def largest_micro_batch(plan: PlanConfig, mesh: Mesh, resident: dict[str, int], totals: dict[int, int],
+                        log: Callable[[str], None] = lambda s: None) -> int:
+  """Bisection over micro_batch_candidates (upper middle first: the answer is usually near the top), starting
+  from what `totals` (micro-batch -> train-step total) already knows; compiles fill `totals`."""
+  candidates, best = micro_batch_candidates(plan), 0
+  lo, hi = 0, len(candidates) - 1
+  for m, total in totals.items():  # known results narrow the range
+    if m in candidates and total <= plan.device_memory_bytes:
+      best, lo = max(best, m), max(lo, candidates.index(m) + 1)
+    elif m in candidates:
+      hi = min(hi, candidates.index(m) - 1)
+  while lo <= hi:
+    mid = (lo + hi + 1) // 2
+    m = candidates[mid]
+    program = build_programs(plan, mesh, m)[0]["train_step"]
+    memory = compile_memory(program)
+    totals[m] = _total(memory, program, resident)
+    log(f"  train_step at micro-batch {m}: total {totals[m] / GIB:.2f} GiB ({memory.compile_seconds:.1f} s compile)")
+    if totals[m] <= plan.device_memory_bytes:
+      best, lo = m, mid + 1
+    else:
+      hi = mid - 1
+  return best
+
+
+def plan_memory(plan: PlanConfig, log: Callable[[str], None] = lambda s: None) -> MemoryPlan:
+  """Compiles every program at the configured micro-batch, then searches the largest micro-batch that fits."""
+  mesh = plan_mesh(plan)
+  used = plan.micro_batch_size or plan.batch_size
+  programs, resident_trees = build_programs(plan, mesh, used)
+  resident = {name: per_device_bytes(tree) for name, tree in resident_trees.items()}
+  memory = {}
+  for name, program in programs.items():
+    memory[name] = compile_memory(program)
+    log(f"  compiled {name} in {memory[name].compile_seconds:.1f} s")
+  totals = {name: _total(memory[name], program, resident) for name, program in programs.items()}
+  trials = {used: totals["train_step"]}
+  best = largest_micro_batch(plan, mesh, resident, trials, log)
+  return MemoryPlan(plan, memory, totals, resident, used, best, trials)
+
+
+def format_plan(result: MemoryPlan) -> str:
+  """The human-readable table: per-device sizes per program (GiB, or MiB below 1 GiB of device memory),
+  residents, verdict, largest micro-batch."""
+  p, G = result.plan, result.plan.device_memory_bytes
+  unit, name = (GIB, "GiB") if G >= GIB else (2 ** 20, "MiB")
+  size = lambda n: f"{n / unit:.2f}"
+  data, fsdp, tensor = mesh_shape(-1, p.mesh_fsdp, p.mesh_tensor, p.devices)
+  lines = [f"B={p.batch_size} P={p.prompt_tokens} R={p.response_tokens}; weights={p.weights} "
+           f"kv_cache={p.kv_cache} staleness={p.staleness_steps}; mesh data={data} fsdp={fsdp} tensor={tensor}; "
+           f"device memory {size(G)} {name}; programs compiled with micro-batch {result.micro_batch_used}",
+           f"{f'program ({name}/device)':<22}{'argument':>10}{'output':>10}{'temp':>10}{'alias':>10}{'peak':>10}"
+           f"{'+resident':>11}{'total':>10}  fits  compile_s"]
+  for program, m in result.programs.items():
+    total = result.totals[program]
+    lines.append(f"{program:<22}{size(m.argument_bytes):>10}{size(m.output_bytes):>10}{size(m.temp_bytes):>10}"
+                 f"{size(m.alias_bytes):>10}{size(m.peak_bytes):>10}{size(total - m.peak_bytes):>11}"
+                 f"{size(total):>10}  {'yes ' if total <= G else 'NO  '}  {m.compile_seconds:9.1f}")
+  lines.append(f"resident between programs ({name}): "
+               + ", ".join(f"{k} {size(v)}" for k, v in result.resident.items()))
+  over = [n for n, t in result.totals.items() if t > G]
+  lines.append(f"verdict: {'FITS' if result.fits else 'DOES NOT FIT'}: max total {size(result.peak_bytes_per_device)}"
+               f" vs {size(G)} {name}" + (f" (over: {', '.join(over)})" if over else ""))
+  tried = ", ".join(f"{m}: {size(t)}" for m, t in sorted(result.micro_batch_totals.items()))
+  lines.append(f"largest micro-batch that fits: {result.micro_batch_size or 'none'} "
+               f"(train-step total {name} by micro-batch: {tried})")
+  return "\n".join(lines)
+
+
+# ---- Check against a real run: predicted vs measured peak RSS of the train step on CPU. ----
+
+def _rss_bytes() -> tuple[int, int]:
+  """(current, peak) resident set size of this process."""
+  with open("/proc/self/statm") as f:
+    current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: ru_maxrss in KiB
+
+
+def _concrete(abstract):
+  """Real arrays (zeros; ones for booleans such as prompt validity) with the abstract shapes and shardings."""
+  return jax.tree.map(lambda a: jnp.ones(a.shape, a.dtype, device=a.sharding) if a.dtype == jnp.bool_
+                      else jnp.zeros(a.shape, a.dtype, device=a.sharding), abstract)
+
+
+def _rss_worker(plan_hex: str) -> None:
+  """Subprocess body: compile the train step, then allocate real arguments and run it once; prints JSON."""
+  plan = pickle.loads(bytes.fromhex(plan_hex))
+  program = build_programs(plan, plan_mesh(plan), plan.micro_batch_size or plan.batch_size)[0]["train_step"]
+  compiled = program.fn.lower(*program.args).compile()
+  before, max_before = _rss_bytes()
+  jax.block_until_ready(compiled(*_concrete(program.args)))
+  _, max_after = _rss_bytes()
+  print(json.dumps({"measured_bytes": max_after - before, "valid": max_after > max_before}))
+
+
+def measure_train_step_rss(plan: PlanConfig) -> dict:
+  """Predicted train-step peak vs the peak RSS growth of running it on real (zero) arrays in a subprocess.
+
+  The subprocess compiles first, then records its RSS, allocates the arguments and runs the step once; the
+  measurement is the peak RSS after the run minus the RSS before allocating. It is only valid when the run,
+  not compilation, set the process's peak (`valid`); choose a plan whose step needs far more memory than
+  compiling it (large vocab x response, few small layers). Untouched pages of allocated buffers do not count
+  towards RSS, so the measurement can undershoot XLA's buffer sizes.
+  """
+  programs, _ = build_programs(plan, plan_mesh(plan), plan.micro_batch_size or plan.batch_size)
+  predicted = compile_memory(programs["train_step"]).peak_bytes
+  code = f"from opd_jax.analysis.memory_plan import _rss_worker; _rss_worker({pickle.dumps(plan).hex()!r})"
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={plan.devices}",
+         "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+  if result.returncode:
+    raise RuntimeError(f"RSS measurement subprocess failed:\n{result.stderr[-3000:]}")
+  measured = json.loads(result.stdout.strip().splitlines()[-1])
+  return {"predicted_bytes": predicted, "measured_bytes": measured["measured_bytes"], "valid": measured["valid"],
+          "relative_error": (predicted - measured["measured_bytes"]) / max(measured["measured_bytes"], 1)}

@@ -1,0 +1,91 @@
+"""Memory planner (opd_jax/analysis/memory_plan.py): JSON contract, monotonicity, verdict and micro-batch search,
+shipped shapes and errors. One tiny config, compiled abstractly on one simulated CPU device."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from opd_jax.analysis import memory_plan as mp
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"model_type": "qwen3", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "tie_word_embeddings": True, "eos_token_id": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+  """A plan whose device memory (1 GiB) holds everything at the whole batch of 8."""
+  path = tmp_path_factory.mktemp("tiny_config")
+  with open(path / "config.json", "w") as f:
+    json.dump(TINY, f)
+  model = mp.resolve_model(str(path), "--student")
+  return mp.PlanConfig(teacher=model, student=model, batch_size=8, prompt_tokens=8, response_tokens=32,
+                       device_memory_bytes=mp.GIB)
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tiny_plan):
+  return mp.plan_memory(tiny_plan)
+
+
+def test_json_fields_are_present_and_consistent(tiny_result):
+  out = json.loads(json.dumps(tiny_result.to_json()))
+  assert set(out["programs"]) == {"sampler", "teacher_score", "train_step", "eval_reverse_kl"}
+  assert out["fits"] is True and out["micro_batch_size"] == 8
+  assert out["peak_bytes_per_device"] == max(out["program_totals"].values()) <= out["device_memory_bytes"]
+  assert {"teacher_params", "learner_params", "optimizer_state", "rollout_batch"} <= set(out["resident_bytes"])
+  for name, details in out["program_details"].items():
+    assert details["peak_bytes"] == out["programs"][name] == (
+        details["argument_bytes"] + details["output_bytes"] + details["temp_bytes"] - details["alias_bytes"]) > 0
+    assert out["program_totals"][name] >= out["programs"][name]
+  # The train step's arguments are the learner state, the batch and the teacher: its total adds nothing.
+  resident = out["resident_bytes"]
+  assert out["program_totals"]["train_step"] == out["programs"]["train_step"]
+  # float32 Adam holds two moments per parameter; a bfloat16 teacher of the same shape is a quarter of the
+  # float32 learner.
+  assert resident["optimizer_state"] == pytest.approx(2 * resident["learner_params"], abs=64)
+  assert resident["teacher_params"] * 2 == resident["learner_params"]
+  assert out["programs"]["train_step"] > out["programs"]["teacher_score"]
+
+
+def test_bigger_batch_bigger_train_step_peak(tiny_plan, tiny_result):
+  bigger = dataclasses.replace(tiny_plan, batch_size=16)
+  program = mp.build_programs(bigger, mp.plan_mesh(bigger), 16)[0]["train_step"]
+  assert mp.compile_memory(program).peak_bytes > tiny_result.programs["train_step"].peak_bytes
+
+
+def test_less_device_memory_flips_fits_and_shrinks_the_micro_batch(tiny_plan, tiny_result):
+  # Just below the train step's total at the whole batch: the batch no longer fits, half of it does.
+  small = dataclasses.replace(tiny_plan, device_memory_bytes=tiny_result.totals["train_step"] - 1)
+  totals = dict(tiny_result.micro_batch_totals)
+  largest = mp.largest_micro_batch(small, mp.plan_mesh(small), tiny_result.resident, totals)
+  assert 0 < largest < 8 and totals[largest] <= small.device_memory_bytes < totals[8]
+  refit = dataclasses.replace(tiny_result, plan=small, micro_batch_size=largest, micro_batch_totals=totals)
+  assert refit.to_json()["fits"] is False and refit.to_json()["micro_batch_size"] == largest
+
+
+def test_shipped_shapes_parse_with_published_vocabularies():
+  vocab = {name: mp.resolve_model(name, "--teacher").vocab_size for name in mp.known_models()}
+  assert vocab == {"llama-3.1-8b": 128256, "qwen2.5-1.5b": 151936, "qwen2.5-7b": 152064, "qwen3-0.6b": 151936,
+                   "qwen3-1.7b": 151936, "qwen3-8b": 151936}
+  assert round(mp.resolve_model("QWEN3-8B", "--teacher").num_params() / 1e9, 2) == 8.19
+
+
+def test_bad_model_name_names_the_flag_and_the_known_names():
+  with pytest.raises(ValueError, match=r"--teacher='qwen9' is neither .* known names: llama-3.1-8b, .*qwen3-8b"):
+    mp.resolve_model("qwen9", "--teacher")
+
+
+def test_cli_bad_input_is_one_line_and_exit_2():
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
+  result = subprocess.run([sys.executable, "launch/plan_memory.py", "--teacher=qwen9", "--student=qwen3-0.6b",
+                           "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "--teacher='qwen9'" in errors[0] and "qwen3-0.6b" in errors[0]
+  assert result.stdout == ""
