@@ -53,7 +53,7 @@ def run():
     batch = RolloutBatch(jnp.asarray(rng.randint(2, vocab, (B, P)), jnp.int32), jnp.ones((B, P), bool),
                          jnp.asarray(rng.randint(2, vocab, (B, R)), jnp.int32), jnp.ones((B, R), jnp.float32),
                          jnp.asarray(-rng.rand(B, R).astype(np.float32)), jnp.asarray(-rng.rand(B, R).astype(np.float32)),
-                         None, top_logp, top_ids, None)
+                         sampler_top_logprobs_BxRxK=top_logp, sampler_top_ids_BxRxK=top_ids)
     optimizer = make_optimizer(make_schedule(learning_rate=1e-4, warmup_steps=0, total_steps=100), weight_decay=0.0,
                                grad_clip_norm=1.0)
     times = {}

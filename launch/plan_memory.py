@@ -36,7 +36,7 @@ _WEIGHTS = flags.DEFINE_string("weights", "none", "Sampler weight recipe: none |
 _KV = flags.DEFINE_string("kv_cache", "native", "Sampler KV cache: native | bf16 | int8 | fp8.")
 _STALENESS = flags.DEFINE_integer("staleness", 0, "Sampler weight snapshots kept (staleness steps).")
 _MICRO = flags.DEFINE_integer("micro_batch_size", 0, "Train-step micro-batch; 0 = the whole batch.")
-_CHUNK = flags.DEFINE_integer("logits_chunk", 256, "Response tokens per vocabulary chunk; 0 = unchunked.")
+_CHUNK = flags.DEFINE_integer("logits_chunk", 512, "Tokens (rows x positions) per vocabulary chunk; 0 = unchunked.")
 _REMAT = flags.DEFINE_string("remat", "full", "Student layer remat: none | full | dots_saveable.")
 _OBJECTIVE = flags.DEFINE_string("objective", "reverse_kl_pg", "OPD objective (decides what the teacher hands over).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")

@@ -98,7 +98,7 @@ class PlanConfig:
   kv_cache: str = "native"  # sampler KV cache: native | bf16 | int8 | fp8
   staleness_steps: int = 0  # sampler weight snapshots kept
   micro_batch_size: int = 0  # rows per train-step pass; 0 = the whole batch
-  logits_chunk: int = 256  # response tokens per vocabulary chunk (train step, scoring, eval); 0 = unchunked
+  logits_chunk: int = 512  # tokens (rows x positions) per vocabulary chunk (train step, scoring, eval); 0 = whole
   remat: str = "full"  # student layer rematerialization: none | full | dots_saveable
   objective: str = "reverse_kl_pg"  # decides what the teacher hands the learner (hidden states / top-k)
   top_k: int = 16  # *_topk objectives: teacher top-k support
@@ -171,7 +171,8 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   """Every jitted program of a run with abstract sharded arguments, plus the abstract resident state.
 
   The one place that calls the run's APIs (models, optimizer, sampler, teacher scoring, train step,
-  evaluation), exactly as opd_jax.train.loop builds them. Returns (programs by name, resident trees by name). The train step takes the whole batch and accumulates gradients over `micro_batch_size` rows.
+  evaluation), exactly as opd_jax.train.loop builds them. Returns (programs by name, resident trees by name).
+  The train step takes the whole batch and accumulates gradients over `micro_batch_size` rows.
   """
   B, P, R, K = plan.batch_size, plan.prompt_tokens, plan.response_tokens, SAMPLER_TOP_K
   objective = ObjectiveConfig(name=plan.objective, top_k=plan.top_k)

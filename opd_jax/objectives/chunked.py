@@ -2,15 +2,17 @@
 
 Legend: B batch, R response length, C chunk length (tokens), D model width, V vocab, K top-k.
 
-`token_map(fn, arrays, chunk)` splits every [B, R, ...] array along R into chunks of C tokens and runs `fn`
-on each chunk inside a `lax.scan`; `fn` maps a dict of [B, C, ...] arrays to a dict of [B, C, ...] outputs
-(per-token log-probs, divergences, top-k). The body is wrapped in `jax.checkpoint`, so under a gradient the
+`token_map(fn, arrays, chunk)` splits every [B, R, ...] array along R into chunks of C = max(1, chunk // B)
+positions, i.e. about `chunk` tokens (rows x positions) each, and runs `fn` on each chunk inside a
+`lax.scan`; `fn` maps a dict of [B, C, ...] arrays to a dict of [B, C, ...] outputs (per-token log-probs,
+divergences, top-k). The body is wrapped in `jax.checkpoint`, so under a gradient the
 scan keeps only each chunk's inputs (hidden states [B, C, D]) and recomputes the chunk's logits in the
-backward pass: peak memory grows with B x C x V, not B x R x V, forward and backward, and no custom VJP is
-needed. Gradients reach whatever `fn` closes over (the LM head) through the scan's constants.
+backward pass: peak memory grows with chunk x V (B x C x V), not B x R x V, forward and backward, whatever
+the batch, and no custom VJP is needed. Chunks cut the sequence, not the batch, so a batch-sharded array keeps
+every device busy on every chunk. Gradients reach whatever `fn` closes over (the LM head) through the scan's constants.
 
-chunk <= 0 or chunk >= R runs `fn` once on the whole sequence without checkpointing: the unchunked path that
-the chunked one is tested against. R that C does not divide is padded with zeros (callers' masks are 0
+chunk <= 0 or chunk >= B x R runs `fn` once on the whole sequence without checkpointing: the unchunked path
+that the chunked one is tested against. R that C does not divide is padded with zeros (callers' masks are 0
 there) and the padding is cut off the outputs.
 
 This is the same idea as maxtext's vocabulary tiling, levanter's blockwise cross-entropy and tunix's chunked
@@ -28,8 +30,10 @@ from opd_jax.objectives.losses import divergence_exact
 
 
 def token_map(fn: Callable[[dict], dict], arrays: dict, chunk: int) -> dict:
-  """fn over sequence chunks of `arrays` (each [B, R, ...]); outputs concatenated back to [B, R, ...]."""
-  R = next(iter(jax.tree.leaves(arrays))).shape[1]
+  """fn over sequence chunks of about `chunk` tokens of `arrays` (each [B, R, ...]); outputs concatenated
+  back to [B, R, ...]."""
+  B, R = next(iter(jax.tree.leaves(arrays))).shape[:2]
+  chunk = max(1, chunk // B) if chunk > 0 else 0  # positions per chunk
   if chunk <= 0 or chunk >= R:
     return fn(arrays)
   n = -(-R // chunk)

@@ -3,8 +3,9 @@
 `RolloutProducer.produce(index, version, params, prompts)` turns one prompt batch into a `RolloutBatch`:
 the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
 scoring (per-token log-probs, plus what the objective needs of the teacher: its final hidden states for the
-exact vocabulary objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
-that split the mismatch into its two factors. With a reward function (the GRPO baseline) every prompt is
+exact vocabulary objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and
+precision/noise/KV knobs can coexist -- the same-version dense learner log-probs that split the mismatch into
+its two factors. With a reward function (the GRPO baseline) every prompt is
 repeated group_size times and responses are graded (the train step standardizes rewards within each group);
 the teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The
 PRNG key of batch `index` is fold_in(key(seed), index), so a resumed run draws the same samples.
@@ -47,7 +48,8 @@ class RolloutProducer:
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
                objective: ObjectiveConfig, put_batch, seed: int, logits_chunk: int = 0, split_mismatch: bool = False,
                reward_fn: Callable | None = None, group_size: int = 1):
-    """logits_chunk: response tokens per vocabulary chunk when scoring (0 = all at once). split_mismatch: score every batch with the dense learner version that generated it too, so the train step
+    """logits_chunk: tokens (rows x positions) per vocabulary chunk when scoring (0 = all at once).
+    split_mismatch: score every batch with the dense learner version that generated it too, so the train step
     can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist).
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host), with group_size > 1:
     sample each prompt group_size times and attach the rewards (GRPO)."""

@@ -80,9 +80,11 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
   if objective.needs_teacher_hidden:
     arrays["teacher_hidden"] = batch.teacher_hidden_BxRxD
   if objective.needs_teacher_topk:
-    arrays["teacher_top_logp"], arrays["teacher_top_ids"] = batch.teacher_top_logprobs_BxRxK, batch.teacher_top_ids_BxRxK
+    arrays["teacher_top_logp"] = batch.teacher_top_logprobs_BxRxK
+    arrays["teacher_top_ids"] = batch.teacher_top_ids_BxRxK
   if vocab_metrics:
-    arrays["sampler_top_logp"], arrays["sampler_top_ids"] = batch.sampler_top_logprobs_BxRxK, batch.sampler_top_ids_BxRxK
+    arrays["sampler_top_logp"] = batch.sampler_top_logprobs_BxRxK
+    arrays["sampler_top_ids"] = batch.sampler_top_ids_BxRxK
   beta, t = objective.vocab_beta, objective.temperature
 
   def per_chunk(x):
@@ -122,9 +124,9 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
 
   teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
-  the batch's teacher hidden states into logits chunk by chunk). logits_chunk: response tokens per vocabulary
-  chunk (0 = the whole response at once). micro_batch_size: rows per gradient-accumulation micro-batch
-  (0 = the whole batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost).
+  the batch's teacher hidden states into logits chunk by chunk). logits_chunk: tokens (rows x positions) per
+  vocabulary chunk (0 = all at once). micro_batch_size: rows per gradient-accumulation micro-batch (0 = the whole
+  batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost).
   """
   mask = batch.mask_BxR
   B = mask.shape[0]
