@@ -1,0 +1,75 @@
+"""The real-vocabulary scale pair (opd_jax/analysis/scale_pair.py), built small: tokenizer, chat template, loading."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import pytest
+
+from configs import common
+from opd_jax.analysis.scale_pair import (ENDOFTEXT, IM_END, IM_START, MAX_PROMPT_TOKENS, SCALE_TASK,
+                                         build_scale_pair, special_token_ids)
+from opd_jax.data.problems import load_jsonl
+from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
+from opd_jax.models.tokenizer import encode_prompt
+from opd_jax.train.data import PromptPipeline
+from opd_jax.train.loop import check_config
+
+VOCAB = 4096
+
+
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory):
+  return build_scale_pair(str(tmp_path_factory.mktemp("scale_pair")), vocab_size=VOCAB, teacher_layers=1,
+                          student_layers=1, train_problems=64, heldout_problems=16)
+
+
+def test_tokenizer_has_exactly_vocab_size_tokens_and_qwen_specials(small_pair):
+  tokenizer = load_tokenizer(small_pair["student"])
+  assert len(tokenizer) == VOCAB
+  ids = special_token_ids(VOCAB)
+  assert tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_START, IM_END]) == [ids[ENDOFTEXT], ids[IM_START], ids[IM_END]]
+  assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (ids[IM_END], ids[ENDOFTEXT])
+  assert special_token_ids(151_936) == {ENDOFTEXT: 151_643, IM_START: 151_644, IM_END: 151_645}  # Qwen3's ids
+
+
+def test_chat_template_renders_and_prompts_round_trip(small_pair):
+  tokenizer = load_tokenizer(small_pair["teacher"])
+  problems = load_jsonl(small_pair["train_file"])
+  assert len(problems) == 64 and len(load_jsonl(small_pair["heldout_file"])) == 16
+  for problem in problems:
+    plain = encode_prompt(tokenizer, problem.prompt, use_chat_template=False)
+    assert tokenizer.decode(plain) == problem.prompt
+    chat = encode_prompt(tokenizer, problem.prompt, use_chat_template=True)
+    assert tokenizer.decode(chat) == f"<|im_start|>user\n{problem.prompt}<|im_end|>\n<|im_start|>assistant\n"
+    assert 20 <= len(chat) <= MAX_PROMPT_TOKENS
+  assert SCALE_TASK.max_prompt_chars() + 1 + 19 <= MAX_PROMPT_TOKENS  # the longest possible prompt fits too
+
+
+def test_models_load_with_pair_eos_and_produce_vocab_logits(small_pair):
+  ids = special_token_ids(VOCAB)
+  for role, tied in (("teacher", False), ("student", True)):
+    config = read_hf_config(small_pair[role])
+    assert config.vocab_size == VOCAB and config.tie_word_embeddings == tied
+    assert config.eos_token_id == (ids[IM_END], ids[ENDOFTEXT]) and config.pad_token_id == ids[ENDOFTEXT]
+    with open(os.path.join(small_pair[role], "config.json")) as f:
+      assert json.load(f)["dtype"] == "float32"
+    model = load_pretrained(small_pair[role])
+    tokens = jnp.asarray([encode_prompt(load_tokenizer(small_pair[role]), "12+3-4\n", True)], jnp.int32)
+    logits = model(tokens)
+    assert logits.shape == (1, tokens.shape[1], VOCAB)
+    assert bool(jnp.isfinite(logits).all())
+
+
+def test_train_config_accepts_the_pair(small_pair):
+  config = common.pair_config("pair1", None)
+  config.teacher, config.student = small_pair["teacher"], small_pair["student"]
+  config.data.source, config.data.use_chat_template = "jsonl", True
+  config.data.train_file, config.data.heldout_file = small_pair["train_file"], small_pair["heldout_file"]
+  config.data.max_prompt_tokens, config.train.batch_size = MAX_PROMPT_TOKENS, 8
+  check_config(config, device_count=8)
+  tokenizer = load_tokenizer(small_pair["student"])
+  batch = next(PromptPipeline(load_jsonl(small_pair["train_file"]), tokenizer, batch_size=8,
+                              max_prompt_tokens=MAX_PROMPT_TOKENS, seed=0, use_chat_template=True))
+  assert batch["prompt_BxP"].shape == (8, MAX_PROMPT_TOKENS)
+  assert (batch["prompt_BxP"][:, -1] == tokenizer.convert_tokens_to_ids("\n")).all()  # "assistant\n" ends it
