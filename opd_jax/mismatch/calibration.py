@@ -41,7 +41,7 @@ class Calibration:
   vocab_size: int
   is_cap: float
   vocab_top_k: int = 64  # sampler top-k log-probs for the vocabulary metrics (0 = none)
-  logits_chunk: int = 0  # response tokens per vocabulary chunk (0 = all at once)
+  logits_chunk: int = 0  # tokens (rows x positions) per vocabulary chunk (0 = all at once)
   learner_graphdef: nnx.GraphDef | None = None  # learner's own graph when its compute dtype differs from the sampler's
 
   @classmethod
