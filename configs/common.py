@@ -26,11 +26,16 @@ def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
       raise ValueError(f"config argument {key!r} is unknown; known: {sorted(spec)}")
     default = spec[key]
     if isinstance(default, bool):
-      result[key] = value.lower() not in ("0", "false", "no") if value else True
+      if value.lower() not in ("", "1", "true", "yes", "0", "false", "no"):
+        raise ValueError(f"config argument {key!r} is a switch; give {key}, {key}=true or {key}=false")
+      result[key] = value.lower() not in ("0", "false", "no")
     elif not value:
       raise ValueError(f"config argument {key!r} needs a value ({key}=...)")
     else:
-      result[key] = type(default)(value)
+      try:
+        result[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(f"config argument {key}={value!r} must be a {type(default).__name__}") from None
   return result
 
 
@@ -119,6 +124,13 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.logits_chunk = 512
   c.train.micro_batch_size = 0  # rows per gradient-accumulation micro-batch (divides batch_size); 0 = whole batch
   c.train.progress_bar = True
+  # Non-finite guard: a step whose loss or gradient is NaN/inf is skipped (state unchanged) and reported; after
+  # this many in a row the run stops with exit code 1, keeping its last good checkpoint.
+  c.train.max_skipped_steps = 10
+  # At the end of training the student is written to workdir/export as an HF checkpoint (safetensors, config,
+  # generation config, tokenizer) in this dtype: float32 (the master params) | bfloat16 | "" = no export.
+  # Any checkpointed step: python launch/export.py --workdir=W [--step=N] --out=DIR.
+  c.train.export_dtype = "float32"
 
   c.distributed = ml_collections.ConfigDict()  # multi-process runs (opd_jax/train/distributed.py)
   c.distributed.coordinator = ""  # "" = one process; "host:port" of process 0; "auto" = TPU pod / SLURM detection

@@ -1,18 +1,29 @@
 """Shared bits of the launch scripts: quiet logs, a persistent compilation cache, device logging and the
-one-line error contract (exit code 2)."""
+one-line error contract.
+
+Error contract: bad input (a flag, a config file or field, a checkpoint, data, a workdir, a results / budget /
+recipe file) ends the script with exit code 2 and one line on stderr that starts with `error:`, names the culprit
+and says what to do; nothing half-written is left behind. Flag and config-override errors are caught where the
+flags are parsed (`run`); everything later is raised as `opd_jax.errors.InputError` by the loading and
+validation functions and turned into that line by `run_or_exit`. Any other exception is a bug and keeps its
+traceback. Set OPD_JAX_DEBUG=1 to see the traceback of an input error too.
+"""
 
 import os
+import re
 import sys
 
 # XLA executables are cached here across runs (a repeated admission check skips most of its compilation:
 # 8.3 -> 5.2 s for fp8 weights on pair1). Set OPD_JAX_COMPILATION_CACHE=off to disable, or to another folder.
 CACHE_ENV = "OPD_JAX_COMPILATION_CACHE"
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "xla")
+DEBUG_ENV = "OPD_JAX_DEBUG"
 
 
 def quiet_logs() -> None:
   """Quiet logs and the persistent compilation cache; every launch script calls this (or log_devices) first."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax and jax log every checkpoint step at INFO
   cache = os.environ.get(CACHE_ENV, DEFAULT_CACHE)
@@ -28,11 +39,70 @@ def log_devices() -> None:
   print(f"jax {jax.__version__}: {jax.device_count()} x {jax.devices()[0].platform} device(s)", file=sys.stderr)
 
 
+def fail(message: str, code: int = 2):
+  """Prints `error: message` (one line) and exits with `code`."""
+  print("error: " + " ".join(str(message).split()), file=sys.stderr)
+  sys.exit(code)
+
+
 def run_or_exit(fn):
-  """Runs fn; a ValueError / FileNotFoundError (bad config or input) becomes one line on stderr + exit 2."""
-  from opd_jax.models import CheckpointError
+  """Runs fn; an InputError (bad config or input, raised by the loading / validation functions) becomes one
+  `error:` line on stderr and exit code 2."""
+  from opd_jax.errors import InputError
   try:
     return fn()
-  except (ValueError, FileNotFoundError, CheckpointError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  except InputError as e:
+    if os.environ.get(DEBUG_ENV):
+      raise
+    fail(e)
+
+
+def run(main, required: tuple[str, ...] = ()) -> None:
+  """absl's app.run, with flag errors under the contract: an unknown flag, a value of the wrong type, a config
+  file that is missing or raises, a `--config.x.y=v` override naming no field, a missing required flag or a
+  stray positional argument is one `error:` line and exit code 2."""
+  from absl import app
+  app.run(main, flags_parser=lambda argv: _parse_flags(argv, required))
+
+
+def _parse_flags(argv: list[str], required: tuple[str, ...]) -> list[str]:
+  from absl import flags
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(_flag_error(str(e)))
+  except (AttributeError, KeyError) as e:  # ml_collections: a --config.x.y override names no field
+    fail(_override_error(argv, e))
+  for name in flags.FLAGS:  # ml_collections defers a config file it cannot read to the first use
+    if type(flags.FLAGS[name].value).__name__ == "_ErrorConfig":
+      given = next((a for a in argv[1:] if a.startswith(f"--{name}=")), f"--{name}")
+      path = given.partition("=")[2].split(":")[0]
+      fail(f"{given}: config file {path!r} does not exist or cannot be read; give a path like configs/pair1.py")
+  missing = [f"--{name}" for name in required if flags.FLAGS[name].value is None]
+  if missing:
+    fail(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required; see --helpshort")
+  if len(rest) > 1:
+    fail(f"unexpected argument {rest[1]!r}; flags take the form --name=value (see --helpshort)")
+  return rest
+
+
+def _flag_error(message: str) -> str:
+  """absl's message, reduced to one line; a config file's own exception is kept, its traceback dropped."""
+  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+  head = lines[0].removesuffix(" Error whilst parsing config file:")
+  if len(lines) == 1:
+    return head
+  cause = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
+  return f"{head} {cause}"
+
+
+def _override_error(argv: list[str], e: Exception) -> str:
+  """The override that names no field, with ml_collections' suggestion."""
+  text = str(e.args[0] if e.args else e)
+  match = re.search(r"[A-Za-z_]\w*", text)  # the message starts with the quoted (and escaped) missing key
+  field = match.group(0) if match else text
+  hint = re.search(r'Did you mean "([^"]+)"', text)
+  culprit = next((a for a in argv[1:] if re.search(rf"\.{re.escape(field)}(=|\.|$)", a.split("=")[0] + "=")),
+                 "a --config override")
+  suggestion = f' (did you mean "{hint.group(1)}"?)' if hint else ""
+  return f"{culprit}: the config has no field {field!r}{suggestion}; the config file lists every field"

@@ -14,10 +14,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+from opd_jax.errors import InputError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py.")
@@ -32,21 +33,18 @@ _JSON = flags.DEFINE_bool("json", False, "Also print the verdict as one JSON lin
 
 def run() -> bool:
   start = time.time()
-  if not os.path.isfile(_BUDGET.value):
-    raise ValueError(f"--budget file {_BUDGET.value!r} does not exist (make one with launch/calibrate.py)")
-  with open(_BUDGET.value) as f:
-    try:
-      budget_file = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"--budget file {_BUDGET.value!r} is not valid JSON: {e}") from None
+  from opd_jax.analysis.files import read_budget
+  if _PROMPTS.value < 1:
+    raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")
+  budget_file = read_budget(_BUDGET.value)  # checked before any measuring
   config = _CONFIG.value
   with config.unlocked():
     for value, field in ((_WEIGHTS.value, "weights"), (_KV.value, "kv_cache"), (_STALENESS.value, "staleness_steps"),
                          (_NOISE.value, "noise_sigma")):
       if value is not None:
         config.rollout[field] = value
-  from opd_jax.mismatch import admission
-  from opd_jax.mismatch.calibration import Calibration
+  from opd_jax.screening import admission
+  from opd_jax.screening.calibration import Calibration
   from opd_jax.rollout.config import RolloutConfig
   rollout = RolloutConfig.from_config(config.rollout)
   admission.pick_budget(budget_file, config.pair)  # fail on a missing budget before any work
@@ -73,5 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "budget"])
-  app.run(main)
+  _cli.run(main, required=("config", "budget"))

@@ -19,9 +19,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+from opd_jax.errors import InputError  # noqa: E402
 
 _TEACHER = flags.DEFINE_string("teacher", None, "Teacher: HF config dir or shipped name (configs/models).")
 _STUDENT = flags.DEFINE_string("student", None, "Student: HF config dir or shipped name (configs/models).")
@@ -46,7 +47,7 @@ _MEASURE = flags.DEFINE_bool("measure_rss", False, "Also measure the train step'
 def run() -> None:
   from opd_jax.analysis import memory_plan as mp
   if not _TEACHER.value or not _STUDENT.value:
-    raise ValueError("--teacher and --student are required (an HF config dir or one of: "
+    raise InputError("--teacher and --student are required (an HF config dir or one of: "
                      f"{', '.join(mp.known_models())})")
   plan = mp.PlanConfig(
       teacher=mp.resolve_model(_TEACHER.value, "--teacher"), student=mp.resolve_model(_STUDENT.value, "--student"),
@@ -82,4 +83,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -10,10 +10,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+from opd_jax.errors import InputError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _NOISE = flags.DEFINE_list("noise", ["0.003", "0.01", "0.03", "0.1"], "Noise sigma grid.")
@@ -27,9 +28,9 @@ def run():
   try:
     sigmas = [float(s) for s in _NOISE.value]
   except ValueError:
-    raise ValueError(f"--noise must be comma-separated numbers, got {','.join(_NOISE.value)!r}") from None
+    raise InputError(f"--noise must be comma-separated numbers, got {','.join(_NOISE.value)!r}") from None
   if not sigmas or min(sigmas) < 0:
-    raise ValueError("--noise needs one or more sigma >= 0")
+    raise InputError("--noise needs one or more sigma >= 0")
   config = _CONFIG.value
   out = _OUT.value or os.path.join("runs", f"prefix_shift_{config.pair}")
   prefix_shift_report.run(config, sigmas, out, num_prompts=_PROMPTS.value, seed=_SEED.value)
@@ -42,5 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  _cli.run(main, required=("config",))

@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
 
@@ -29,7 +29,11 @@ _OUT = flags.DEFINE_string("out", "report", "Output directory.")
 
 def run():
   from opd_jax.analysis import report
+  from opd_jax.errors import InputError
   validation = _VALIDATION.value
+  if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
+    raise InputError(f"--holdout_fraction={_HOLDOUT.value:g} and --tolerance={_TOLERANCE.value:g} must be in (0, 1) "
+                     f"and --prompts={_PROMPTS.value} >= 1")
   if _VALIDATE.value:
     from configs import common
     from opd_jax.analysis.calibrate_report import load_rows
@@ -54,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

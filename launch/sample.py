@@ -15,9 +15,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+from opd_jax.errors import InputError  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF checkpoint directory.")
 _PROMPT = flags.DEFINE_string("prompt", None, "Prompt text (needs tokenizer files in the checkpoint).")
@@ -40,17 +41,20 @@ def sample():
   import numpy as np
   from flax import nnx
 
+  from opd_jax.data import char_tokenizer
   from opd_jax.models import load_pretrained, load_tokenizer
+  from opd_jax.models.finite import check_finite
   from opd_jax.models.tokenizer import encode_prompt
   from opd_jax.rollout.config import RolloutConfig, build_sampler_state
   from opd_jax.rollout.sampler import Sampler, left_pad
 
   if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
-    raise ValueError("give exactly one of --prompt or --prompt_ids")
+    raise InputError("give exactly one of --prompt or --prompt_ids")
   rollout = RolloutConfig(weights=_WEIGHTS.value, kv_cache=_KV.value, noise_sigma=_NOISE.value,
                           noise_seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                           top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value)
   model = load_pretrained(_CHECKPOINT.value, _DTYPE.value)
+  check_finite(nnx.state(model), _CHECKPOINT.value)
   tokenizer = None
   if _PROMPT.value is not None or not _JSON.value:
     tokenizer = load_tokenizer(_CHECKPOINT.value)
@@ -58,11 +62,17 @@ def sample():
     try:
       ids = [int(i) for i in _PROMPT_IDS.value]
     except ValueError:
-      raise ValueError(f"--prompt_ids must be comma-separated integers, got {','.join(_PROMPT_IDS.value)!r}") from None
+      raise InputError(f"--prompt_ids must be comma-separated integers, got {','.join(_PROMPT_IDS.value)!r}") from None
     if not ids or min(ids) < 0 or max(ids) >= model.config.vocab_size:
-      raise ValueError(f"--prompt_ids must be non-empty ids in [0, {model.config.vocab_size})")
+      raise InputError(f"--prompt_ids must be non-empty ids in [0, {model.config.vocab_size})")
   else:
+    if char_tokenizer.is_char_tokenizer(tokenizer):
+      char_tokenizer.check_text(_PROMPT.value, "--prompt")
     ids = encode_prompt(tokenizer, _PROMPT.value, _CHAT.value)
+  limit = model.config.max_position_embeddings
+  if len(ids) + _MAX_NEW.value > limit:
+    raise InputError(f"prompt ({len(ids)} tokens) + --max_new_tokens={_MAX_NEW.value} exceeds the model's "
+                     f"max_position_embeddings {limit}; shorten the prompt or lower --max_new_tokens")
   graphdef, state = nnx.split(model)
   rollout.validate_for(state)
   eos = tuple(model.config.eos_token_id) or ((tokenizer.eos_token_id,) if tokenizer is not None else ())
@@ -87,5 +97,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["checkpoint"])
-  app.run(main)
+  _cli.run(main, required=("checkpoint",))

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
@@ -18,7 +18,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. co
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory (default runs/sweep_<name>).")
 
 
-def run():
+def run() -> int:
   from configs import common
   from opd_jax.analysis.sweep import run_sweep
   from opd_jax.train.loop import train
@@ -31,14 +31,19 @@ def run():
     print(f"  {r['pair']:<6} {r['point']:<22} k3 {r['mismatch'].get('mismatch/k3', 0.0):9.3g}  "
           f"final acc {r['final_accuracy']:.3f}  delta {r.get('delta_final_accuracy', float('nan')):+.3f}  "
           f"{r['wall_seconds']:.0f} s")
+  failed = [r for r in rows if r["status"] != "ok"]
+  for r in failed:
+    print(f"  FAILED {r['pair']:<6} {r['point']:<22} {r.get('error', '')}", file=sys.stderr)
+  if failed:
+    print(f"{len(failed)} point(s) failed; rerun the same command to retry them", file=sys.stderr)
+  return len(failed)
 
 
 def main(argv):
   del argv
   _cli.log_devices()
-  _cli.run_or_exit(run)
+  sys.exit(1 if _cli.run_or_exit(run) else 0)
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  _cli.run(main, required=("config",))

@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root: configs/, opd_jax/
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
@@ -32,11 +32,16 @@ def main(argv):
   d = config.distributed
   _cli.run_or_exit(lambda: distributed.initialize(d.coordinator, d.num_processes, d.process_id))
   _cli.log_devices()
+  from opd_jax.errors import TrainingStopped
   from opd_jax.train.loop import train
-  final = _cli.run_or_exit(lambda: train(config, workdir))
-  print(f"done: {workdir}/metrics.jsonl; final held-out accuracy {final.get('eval/accuracy', float('nan')):.3f}")
+  try:
+    final = _cli.run_or_exit(lambda: train(config, workdir))
+  except TrainingStopped as e:
+    _cli.fail(e, code=1)
+  exported = f"; student exported to {workdir}/export" if config.train.export_dtype else ""
+  print(f"done: {workdir}/metrics.jsonl; final held-out accuracy {final.get('eval/accuracy', float('nan')):.3f}"
+        f"{exported}")
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  _cli.run(main, required=("config",))

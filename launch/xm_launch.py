@@ -16,9 +16,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+from opd_jax.errors import InputError  # noqa: E402
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file inside this repository, e.g. configs/pair1.py.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory every host can see, e.g. /gcs/BUCKET/opd/run1.")
@@ -38,10 +39,10 @@ def parse_accelerator(spec: str) -> tuple[str, int]:
   """'tpu_v4=32' -> ('tpu_v4', 32), checked against the resources this launcher knows."""
   name, _, count = spec.partition("=")
   if name not in CORES_PER_TPU_HOST and name not in GPU_TYPES:
-    raise ValueError(f"--accelerator {spec!r}: unknown resource {name!r}; use one of "
+    raise InputError(f"--accelerator {spec!r}: unknown resource {name!r}; use one of "
                      f"{', '.join([*CORES_PER_TPU_HOST, *GPU_TYPES])}, as resource=count")
   if not count.isdigit() or int(count) < 1:
-    raise ValueError(f"--accelerator {spec!r}: the count after '=' must be a positive integer")
+    raise InputError(f"--accelerator {spec!r}: the count after '=' must be a positive integer")
   return name, int(count)
 
 
@@ -49,27 +50,27 @@ def hosts(name: str, count: int) -> int:
   """Hosts the job spans: TPU slices of more than one VM's cores are multi-host; GPU jobs are one node."""
   if name not in CORES_PER_TPU_HOST:
     if count > GPUS_PER_NODE:
-      raise ValueError(f"--accelerator {name}={count}: this launcher starts one GPU node (<= {GPUS_PER_NODE}); "
+      raise InputError(f"--accelerator {name}={count}: this launcher starts one GPU node (<= {GPUS_PER_NODE}); "
                        "for several, run launch/train.py on each with --config.distributed.coordinator=HOST0:PORT")
     return 1
   per_host = CORES_PER_TPU_HOST[name]
   if count > per_host and count % per_host:
-    raise ValueError(f"--accelerator {name}={count}: a multi-host slice has a multiple of {per_host} cores")
+    raise InputError(f"--accelerator {name}={count}: a multi-host slice has a multiple of {per_host} cores")
   return max(1, count // per_host)
 
 
 def train_args(config: str, workdir: str, overrides: list[str], num_hosts: int) -> list[str]:
   """Arguments of launch/train.py on every host."""
   if not config or not workdir:
-    raise ValueError("--config and --workdir are required")
+    raise InputError("--config and --workdir are required")
   if workdir.startswith("gs://"):
-    raise ValueError(f"--workdir {workdir!r}: metrics are written with plain file I/O; use the bucket's "
+    raise InputError(f"--workdir {workdir!r}: metrics are written with plain file I/O; use the bucket's "
                      "Vertex AI mount, /gcs/BUCKET/...")
   args = [f"--config={config}", f"--workdir={workdir}", "--config.train.progress_bar=False"]
   for override in overrides:
     key, sep, value = override.partition("=")
     if not sep or not key:
-      raise ValueError(f"--override {override!r}: expected key=value, e.g. train.steps=2000")
+      raise InputError(f"--override {override!r}: expected key=value, e.g. train.steps=2000")
     args.append(f"--config.{key}={value}")
   if num_hosts > 1:
     args.append("--config.distributed.coordinator=auto")
@@ -105,4 +106,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

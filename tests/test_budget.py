@@ -159,7 +159,7 @@ def test_report_renders_every_given_section(tmp_path):
 
 
 def test_unbounded_pair_budget_borrows_the_pooled_one():
-  from opd_jax.mismatch.admission import pick_budget
+  from opd_jax.screening.admission import pick_budget
   own = {"budget": 0.004, "bounded": False}
   pooled = {"budget": 0.8, "bounded": True}
   source, chosen, note = pick_budget({"budgets": {"pair2": own, "pooled": pooled}}, "pair2")

@@ -6,9 +6,9 @@ import jax
 import pytest
 
 from configs import common
-from opd_jax.mismatch.calibration import Calibration
-from opd_jax.mismatch.prefix_shift import analyze
-from opd_jax.mismatch.sensitivity import fit_recipe, scan
+from opd_jax.screening.calibration import Calibration
+from opd_jax.screening.prefix_shift import analyze
+from opd_jax.screening.sensitivity import fit_recipe, scan
 from opd_jax.rollout.config import RolloutConfig
 
 
@@ -64,7 +64,7 @@ def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
 
 def test_admission_staleness_grows_with_lag(tiny_pair, cal):
   """Lagged versions come from real updates after a burn-in: lag 1 is already a nonzero mismatch."""
-  from opd_jax.mismatch.admission import measure_candidate
+  from opd_jax.screening.admission import measure_candidate
   config = common.base_config("tiny")
   config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
   config.rollout.max_new_tokens = 12

@@ -20,11 +20,13 @@ from opd_jax.objectives.logprobs import response_logits, token_logprobs
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
+from opd_jax.errors import InputError, TrainingStopped
 from opd_jax.train.loop import check_config, train
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.objectives.logprobs import score
 from opd_jax.train.rollouts import RolloutProducer
 from opd_jax.train.step import RolloutBatch, TrainState, train_step
+from opd_jax.train.workdir_lock import WorkdirLock
 
 
 def _batch(pair, batch_size=8, seed=0):
@@ -152,18 +154,57 @@ def test_train_writes_metrics_and_checkpoints(tiny_pair, tmp_path):
   assert os.listdir(tmp_path / "tensorboard")
 
 
-def test_resume_reproduces_uninterrupted_run(tiny_pair, tmp_path):
+def _damage_arrays(checkpoints_dir: str, step: int) -> None:
+  """Truncates every array data file of checkpoint `step` to half, as a copy cut short would."""
+  for root, _, names in os.walk(os.path.join(checkpoints_dir, str(step), "arrays")):
+    for name in names:
+      if os.sep + "d" in root:  # ocdbt data files (the metadata files stay intact)
+        path = os.path.join(root, name)
+        with open(path, "r+b") as f:
+          f.truncate(os.path.getsize(path) // 2)
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_and_reproduces_the_run(tiny_pair, tmp_path, capfd):
   overrides = {"rollout.staleness_steps": 1, "rollout.weights": "int8"}
   train(_config(tiny_pair, **overrides), str(tmp_path / "full"))
-  train(_config(tiny_pair, **overrides, **{"train.stop_after_steps": 3}), str(tmp_path / "resumed"))
-  assert max(r["step"] for r in _rows(tmp_path / "resumed")) == 3
-  train(_config(tiny_pair, **overrides), str(tmp_path / "resumed"))
-  full, resumed = _rows(tmp_path / "full"), _rows(tmp_path / "resumed")
+  resumed_dir = tmp_path / "resumed"
+  train(_config(tiny_pair, **overrides, **{"train.stop_after_steps": 4}), str(resumed_dir))
+  assert sorted(os.listdir(resumed_dir / "checkpoints")) == ["3", "4"]
+  assert max(r["step"] for r in _rows(resumed_dir)) == 4
+  _damage_arrays(str(resumed_dir / "checkpoints"), 4)
+  capfd.readouterr()
+  train(_config(tiny_pair, **overrides), str(resumed_dir))  # falls back to step 3 and reruns 4..6
+  warnings = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: checkpoint step 4")]
+  assert len(warnings) == 1 and "falling back to step 3" in warnings[0], warnings
+  full, resumed = _rows(tmp_path / "full"), _rows(resumed_dir)
   assert [r["step"] for r in full] == [r["step"] for r in resumed]
   for a, b in zip(full, resumed):
     for key in a:
       if not key.startswith(("perf/", "eval/seconds")):
         assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
+  # The workdir holds pair "tiny": another pair's config is refused in one line, before any restore.
+  other = _config(tiny_pair, **overrides)
+  other.pair = "pair2"
+  with pytest.raises(InputError, match="holds a run of pair 'tiny', but this config is pair 'pair2'"):
+    train(other, str(resumed_dir))
+
+
+def test_second_trainer_on_a_live_workdir_is_refused(tiny_pair, tmp_path):
+  with WorkdirLock(str(tmp_path)):
+    with pytest.raises(InputError, match=f"in use by pid {os.getpid()}"):
+      train(_config(tiny_pair), str(tmp_path))
+  assert sorted(os.listdir(tmp_path)) == [".lock"]  # nothing else written
+
+
+def test_run_stops_after_max_skipped_steps(tiny_pair, tmp_path, capfd):
+  # A huge learning rate makes the first update blow the weights up; every later step is non-finite.
+  config = _config(tiny_pair, **{"optimizer.learning_rate": 1e30, "optimizer.warmup_steps": 0,
+                                 "train.max_skipped_steps": 2})
+  with pytest.raises(TrainingStopped, match="2 consecutive steps"):
+    train(config, str(tmp_path))
+  err = capfd.readouterr().err
+  assert err.count("non-finite loss or gradient") == 2
+  assert not os.path.exists(tmp_path / "export")
 
 
 def test_mismatch_knobs_log_nonzero_split(tiny_pair, tmp_path):
@@ -229,6 +270,15 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
     ({"train.mode": "eager"}, "train.mode"),
     ({"data.source": "jsonl"}, "data.train_file=''"),
     ({"student": "/nonexistent/student"}, "'/nonexistent/student' does not exist"),
+    ({"train.steps": 0}, "train.steps must be a positive integer"),
+    ({"train.max_skipped_steps": 0}, "train.max_skipped_steps"),
+    ({"train.micro_batch_size": 3}, "train.micro_batch_size=3 does not divide"),
+    ({"optimizer.end_lr_fraction": 2.0}, "optimizer.end_lr_fraction"),
+    ({"optimizer.weight_decay": -1.0}, "optimizer.weight_decay"),
+    ({"data.max_prompt_tokens": 0}, "data.max_prompt_tokens"),
+    ({"data.source": "csv"}, "data.source"),
+    ({"rollout.max_new_tokens": 40000}, "exceeds the teacher.s max_position_embeddings 32768"),
+    ({"train.export_dtype": "float16"}, "train.export_dtype"),
 ])
 def test_config_mistakes_fail_before_compilation(tiny_pair, override, message):
   with pytest.raises(ValueError, match=message):

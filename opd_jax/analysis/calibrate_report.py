@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from opd_jax.analysis.files import read_jsonl, write_json
+from opd_jax.analysis.files import read_results, write_json
 from opd_jax.analysis.sweep import check_one_objective, fill_deltas
+from opd_jax.errors import InputError
 from opd_jax.mismatch import budget as budget_lib
 
 PRIMARY = "k3"
@@ -14,9 +15,7 @@ PRIMARY = "k3"
 def load_rows(results_paths: list[str]) -> list[dict]:
   rows = []
   for path in results_paths:
-    if not os.path.isfile(path):
-      raise ValueError(f"results file {path!r} does not exist (run launch/sweep.py first)")
-    rows += fill_deltas(read_jsonl(path))
+    rows += fill_deltas(read_results(path))
   check_one_objective(rows)
   return rows
 
@@ -35,7 +34,7 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool) -> dict:
                               if k in ("budget", "interval", "fit", "bounded")}
                           for s in budget_lib.SCALES if s != PRIMARY}
   if not budgets:
-    raise ValueError("no pair has >= 3 finished sweep points with a baseline")
+    raise InputError("no pair has >= 3 finished sweep points with a baseline")
   per_pair = [budgets[p]["budget"] for p in pairs if p in budgets]
   transfer = {"per_pair_budgets": {p: budgets[p]["budget"] for p in pairs if p in budgets},
               "max_over_min": max(per_pair) / min(per_pair) if len(per_pair) > 1 and min(per_pair) > 0 else None}
@@ -45,7 +44,14 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool) -> dict:
 
 
 def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str]) -> dict:
-  rows = [r for r in load_rows(results_paths) if r["point"] not in holdout]
+  if not 0 < tolerance < 1:
+    raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
+                     "of the baseline accuracy (e.g. 0.02)")
+  rows = load_rows(results_paths)
+  unknown = sorted(set(holdout) - {r["point"] for r in rows})
+  if unknown:
+    raise InputError(f"--holdout names points that are in no results file: {', '.join(unknown)}")
+  rows = [r for r in rows if r["point"] not in holdout]
   result = build_budget(rows, tolerance=tolerance, relative=relative)
   result.update(results=list(results_paths), holdout_points=holdout)
   budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]

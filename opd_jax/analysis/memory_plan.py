@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from opd_jax.errors import InputError
 from opd_jax.models.config import ModelConfig, read_hf_config
 from opd_jax.models.decoder import Decoder
 from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, state_shardings
@@ -77,7 +78,7 @@ def resolve_model(name_or_dir: str, flag: str) -> ModelConfig:
     return read_hf_config(name_or_dir)
   if name_or_dir.lower() in known_models():
     return read_hf_config(os.path.join(MODELS_DIR, name_or_dir.lower()))
-  raise ValueError(f"{flag}={name_or_dir!r} is neither an HF model directory nor a shipped model name; "
+  raise InputError(f"{flag}={name_or_dir!r} is neither an HF model directory nor a shipped model name; "
                    f"known names: {', '.join(known_models())}")
 
 
@@ -110,35 +111,35 @@ class PlanConfig:
     for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
                         ("--response_tokens", self.response_tokens), ("--devices", self.devices)):
       if value < 1:
-        raise ValueError(f"{flag} must be >= 1, got {value}")
+        raise InputError(f"{flag} must be >= 1, got {value}")
     if self.device_memory_bytes <= 0:
-      raise ValueError(f"--device_memory_gb must be > 0, got {self.device_memory_bytes / GIB:g}")
+      raise InputError(f"--device_memory_gb must be > 0, got {self.device_memory_bytes / GIB:g}")
     if self.staleness_steps < 0 or self.logits_chunk < 0 or self.micro_batch_size < 0:
-      raise ValueError("--staleness, --logits_chunk and --micro_batch_size must be >= 0, got "
+      raise InputError("--staleness, --logits_chunk and --micro_batch_size must be >= 0, got "
                        f"{self.staleness_steps}, {self.logits_chunk}, {self.micro_batch_size}")
     if self.micro_batch_size and self.batch_size % self.micro_batch_size:
-      raise ValueError(f"--micro_batch_size={self.micro_batch_size} does not divide --batch={self.batch_size}")
+      raise InputError(f"--micro_batch_size={self.micro_batch_size} does not divide --batch={self.batch_size}")
     if self.remat not in REMATS:
-      raise ValueError(f"--remat must be one of {', '.join(REMATS)}, got {self.remat!r}")
+      raise InputError(f"--remat must be one of {', '.join(REMATS)}, got {self.remat!r}")
     try:
       data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.devices)
     except ValueError as e:
-      raise ValueError(f"--mesh_fsdp / --mesh_tensor / --devices: {e}") from None
+      raise InputError(f"--mesh_fsdp / --mesh_tensor / --devices: {e}") from None
     for rows, flag in ((self.batch_size, "--batch"), (self.micro_batch_size, "--micro_batch_size")):
       if rows % (data * fsdp):
-        raise ValueError(f"{flag}={rows} is not divisible by the mesh's batch shards data*fsdp={data * fsdp}")
+        raise InputError(f"{flag}={rows} is not divisible by the mesh's batch shards data*fsdp={data * fsdp}")
     self.rollout()  # validates --weights / --kv_cache
     try:
       ObjectiveConfig(name=self.objective, top_k=self.top_k)
     except ValueError as e:
-      raise ValueError(f"--objective={self.objective!r}: {e}") from None
+      raise InputError(f"--objective={self.objective!r}: {e}") from None
 
   def rollout(self) -> RolloutConfig:
     try:
       return RolloutConfig(weights=self.weights, kv_cache=self.kv_cache, staleness_steps=self.staleness_steps,
                            max_new_tokens=self.response_tokens)
     except ValueError as e:
-      raise ValueError(f"--weights={self.weights!r} / --kv_cache={self.kv_cache!r}: {e}") from None
+      raise InputError(f"--weights={self.weights!r} / --kv_cache={self.kv_cache!r}: {e}") from None
 
   @property
   def batch_shards(self) -> int:
@@ -296,7 +297,7 @@ class MemoryPlan:
 
 def plan_mesh(plan: PlanConfig) -> Mesh:
   if jax.device_count() < plan.devices:
-    raise ValueError(f"--devices={plan.devices} but jax sees {jax.device_count()} device(s); set "
+    raise InputError(f"--devices={plan.devices} but jax sees {jax.device_count()} device(s); set "
                      f"XLA_FLAGS=--xla_force_host_platform_device_count={plan.devices} before jax is imported "
                      "(launch/plan_memory.py does)")
   return make_mesh(-1, plan.mesh_fsdp, plan.mesh_tensor, devices=jax.devices()[:plan.devices])

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from opd_jax.mismatch.calibration import Calibration
+from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout.config import RolloutConfig
 
 COMPUTE_PAIRS = (("float32", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16"))  # (sampler, learner)

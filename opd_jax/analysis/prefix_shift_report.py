@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from opd_jax.analysis.files import write_json
-from opd_jax.mismatch.calibration import Calibration
-from opd_jax.mismatch.prefix_shift import analyze
+from opd_jax.screening.calibration import Calibration
+from opd_jax.screening.prefix_shift import analyze
 from opd_jax.rollout.config import RolloutConfig
 
 _COLUMNS = (("sigma", "sigma", "{:.3g}"), ("same_prefix_k3", "k3 same", "{:.3g}"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
 
 import matplotlib
@@ -18,8 +17,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from opd_jax.analysis.files import read_jsonl  # noqa: E402
+from opd_jax.analysis.files import read_budget, read_json, read_results  # noqa: E402
 from opd_jax.analysis.sweep import check_one_objective, fill_deltas  # noqa: E402
+from opd_jax.errors import InputError  # noqa: E402
 from opd_jax.rollout import memory, precision  # noqa: E402
 
 SOURCES = ("baseline", "quantization", "staleness", "noise", "combined")
@@ -145,26 +145,31 @@ def _img(path: str) -> str:
   return f'<img src="data:image/png;base64,{data}" alt="{html.escape(os.path.basename(path))}">'
 
 
-def _load(path: str | None):
+def _load(path: str | None, what: str, fields: tuple[str, ...]) -> dict | None:
+  """The JSON input file, checked for the fields the report reads; None when not given."""
   if not path:
     return None
-  if not os.path.isfile(path):
-    raise ValueError(f"report input {path!r} does not exist")
-  with open(path) as f:
-    return json.load(f)
+  data = read_json(path, what)
+  missing = [f for f in fields if f not in data]
+  if missing:
+    raise InputError(f"{what} {path!r} lacks {', '.join(map(repr, missing))}; pass the file its command wrote")
+  return data
 
 
 def build(results: list[str], out: str, *, budget: str | None = None, sensitivity: list[str] = (),
           prefix_shift: str | None = None, validation: str | None = None) -> str:
   """Writes out/*.png and out/report.html; returns the HTML path."""
-  os.makedirs(out, exist_ok=True)
-  rows = []
+  rows = []  # every input is read and checked before anything is written
   for path in results:
-    if not os.path.isfile(path):
-      raise ValueError(f"results file {path!r} does not exist")
-    rows += [r for r in fill_deltas(read_jsonl(path)) if r.get("status") == "ok"]
+    rows += [r for r in fill_deltas(read_results(path)) if r.get("status") == "ok"]
   check_one_objective(rows)
-  budget_data = _load(budget)
+  budget_data = read_budget(budget) if budget else None
+  sensitivity_data = {path: _load(path, "sensitivity file", ("pair", "precision")) for path in sensitivity}
+  shift = _load(prefix_shift, "prefix-shift file", ("rows", "pair"))
+  valid = _load(validation, "validation file", ("agreement", "rows"))
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise InputError(f"--out {out!r} is a file; give a directory for the report")
+  os.makedirs(out, exist_ok=True)
   sections, missing = [], []
   if rows:
     sections.append(("Quality vs mismatch", _img(plot_quality_vs_mismatch(rows, budget_data,
@@ -191,13 +196,12 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
   else:
     missing.append("budget")
   for path in sensitivity:
-    data = _load(path)
+    data = sensitivity_data[path]
     png = path.replace(".json", ".png")
     if os.path.isfile(png):
       sections.append((f"Per-layer sensitivity: {data['pair']} ({data['precision']})", _img(png)))
   if not sensitivity:
     missing.append("sensitivity scans")
-  shift = _load(prefix_shift)
   if shift:
     from opd_jax.analysis.prefix_shift_report import plot as plot_shift
     png = plot_shift(shift["rows"], shift["pair"], os.path.join(out, "prefix_shift.png"))
@@ -212,7 +216,6 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
       ("model", "model", "{}"), ("weights", "weights", "{}"), ("kv_cache", "KV cache", "{}"),
       ("weight_gib", "weights GiB", "{:.2f}"), ("kv_bytes_per_token", "KV bytes/token", "{:,}"),
       ("kv_tokens", "KV tokens", "{:,}"), ("vs_bf16", "vs bf16", "{:.2f}x")])))
-  valid = _load(validation)
   if valid:
     sections.append((f"Admission validation: {valid['agreement']:.0%} agreement on {len(valid['rows'])} held-out runs",
                      _table(valid["rows"], [("pair", "pair", "{}"), ("point", "point", "{}"),

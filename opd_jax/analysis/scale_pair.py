@@ -18,6 +18,7 @@ import os
 import string
 
 from opd_jax.data.task import ArithmeticTask
+from opd_jax.errors import InputError
 
 QWEN3_VOCAB_SIZE = 151_936
 QWEN3_SPECIAL_BASE = 151_643  # Qwen3's id of <|endoftext|>; <|im_start|> and <|im_end|> follow
@@ -46,7 +47,7 @@ def build_vocab(vocab_size: int) -> dict[str, int]:
   """token -> id for exactly `vocab_size` ids: characters, <unk>, reserved fillers, the special tokens."""
   specials = special_token_ids(vocab_size)
   if vocab_size < len(CHARS) + 1 + len(specials):
-    raise ValueError(f"vocab_size={vocab_size} is too small: needs >= {len(CHARS) + 1 + len(specials)} "
+    raise InputError(f"vocab_size={vocab_size} is too small: needs >= {len(CHARS) + 1 + len(specials)} "
                      "(characters, <unk> and three special tokens)")
   vocab = {c: i for i, c in enumerate(CHARS)}
   vocab[UNK] = len(vocab)
@@ -119,7 +120,7 @@ def build_scale_pair(root: str, vocab_size: int = QWEN3_VOCAB_SIZE, teacher_laye
   teacher_hidden, student_hidden = hidden
   for width in hidden:
     if width % 64:
-      raise ValueError(f"hidden widths must be multiples of 64 (heads of 32, GQA 2:1), got {hidden}")
+      raise InputError(f"hidden widths must be multiples of 64 (heads of 32, GQA 2:1), got {hidden}")
   paths = pair_paths(root)
   specs = {"teacher": (teacher_hidden, teacher_layers, False, seed + 1),
            "student": (student_hidden, student_layers, True, seed + 2)}

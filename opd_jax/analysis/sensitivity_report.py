@@ -8,8 +8,8 @@ import os
 import jax
 
 from opd_jax.analysis.files import write_json
-from opd_jax.mismatch.calibration import Calibration
-from opd_jax.mismatch.sensitivity import fit_recipe, scan
+from opd_jax.screening.calibration import Calibration
+from opd_jax.screening.sensitivity import fit_recipe, scan
 from opd_jax.models import read_hf_config
 from opd_jax.rollout import memory, precision
 from opd_jax.rollout.config import RolloutConfig

@@ -24,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from opd_jax.analysis.files import append_jsonl, read_jsonl, write_json
+from opd_jax.errors import InputError
 
 BASELINE = "baseline"
 
@@ -35,7 +36,7 @@ def set_field(config, dotted: str, value) -> None:
   for part in parents:
     node = node[part]
   if leaf not in node:
-    raise ValueError(f"sweep override {dotted!r}: the config has no field {leaf!r}")
+    raise InputError(f"sweep override {dotted!r}: the config has no field {leaf!r}")
   if isinstance(value, list):
     value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
   node[leaf] = value
@@ -49,9 +50,9 @@ def points_of(sweep) -> list[dict]:
 def check_sweep(sweep) -> None:
   names = [p["name"] for p in points_of(sweep)]
   if len(set(names)) != len(names):
-    raise ValueError(f"sweep {sweep.name!r}: point names must be unique, got {names}")
+    raise InputError(f"sweep {sweep.name!r}: point names must be unique, got {names}")
   if BASELINE not in names:
-    raise ValueError(f"sweep {sweep.name!r}: needs a point named {BASELINE!r} (no mismatch knobs) to measure "
+    raise InputError(f"sweep {sweep.name!r}: needs a point named {BASELINE!r} (no mismatch knobs) to measure "
                      "quality deltas against")
 
 
@@ -121,7 +122,7 @@ def check_one_objective(rows: list[dict]) -> None:
   field are not checked."""
   objectives = sorted({r["objective"] for r in rows if r.get("objective")})
   if len(objectives) > 1:
-    raise ValueError(f"the sweep results mix objectives {objectives}: how much mismatch a run tolerates depends "
+    raise InputError(f"the sweep results mix objectives {objectives}: how much mismatch a run tolerates depends "
                      "on its objective; pass one objective's results at a time")
 
 

@@ -13,8 +13,9 @@ import time
 
 from opd_jax.analysis.calibrate_report import build_budget
 from opd_jax.analysis.sweep import BASELINE, set_field
-from opd_jax.mismatch import admission
-from opd_jax.mismatch.calibration import Calibration
+from opd_jax.errors import InputError
+from opd_jax.screening import admission
+from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout.config import RolloutConfig
 
 
@@ -28,7 +29,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
   rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   held = [r for r in rows if is_held_out(r["pair"], r["point"], holdout_fraction)]
   if not held:
-    raise ValueError(f"no sweep point falls in holdout_fraction={holdout_fraction}; raise it")
+    raise InputError(f"no sweep point falls in holdout_fraction={holdout_fraction}; raise it")
   budget_file = build_budget([r for r in rows if r not in held], tolerance=tolerance, relative=relative)
   calibrations, out = {}, []
   for row in held:

@@ -6,27 +6,32 @@ import json
 import os
 
 from opd_jax.data.task import ArithmeticTask, Problem
+from opd_jax.errors import InputError
 
 
 def load_jsonl(path: str) -> list[Problem]:
   """Reads a JSONL problem set; each line needs string-valued "prompt" and "answer" fields."""
   if not os.path.isfile(path):
-    raise ValueError(f"problem file {path!r} does not exist (expected JSONL with prompt/answer fields)")
+    raise InputError(f"problem file {path!r} does not exist (expected JSONL with prompt/answer fields)")
   problems = []
-  with open(path) as f:
-    for line_no, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-      if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-        raise ValueError(f"{path}:{line_no}: each line needs a string 'prompt' and an 'answer'")
-      problems.append(Problem(prompt=row["prompt"], answer=str(row["answer"]),
-                              solution=str(row.get("solution", ""))))
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().split("\n")
+  except UnicodeDecodeError as e:
+    raise InputError(f"problem file {path!r} is not UTF-8 text (byte {e.start}); save it as UTF-8 JSONL") from None
+  for line_no, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
+      raise InputError(f"{path}:{line_no}: each line needs a string 'prompt' and an 'answer'")
+    problems.append(Problem(prompt=row["prompt"], answer=str(row["answer"]),
+                            solution=str(row.get("solution", ""))))
   if not problems:
-    raise ValueError(f"problem file {path!r} has no problems")
+    raise InputError(f"problem file {path!r} has no problems")
   return problems
 
 
@@ -41,7 +46,7 @@ def get_problems(source: str, split: str, count: int, seed: int, task: Arithmeti
   if source == "jsonl":
     path = train_file if split == "train" else heldout_file
     if not path:
-      raise ValueError(f"data.source='jsonl' needs data.{split}_file set to a JSONL path")
+      raise InputError(f"data.source='jsonl' needs data.{split}_file set to a JSONL path")
     problems = load_jsonl(path)
     return problems if count <= 0 else problems[:count]
-  raise ValueError(f"data.source must be 'arithmetic' or 'jsonl', got {source!r}")
+  raise InputError(f"data.source must be 'arithmetic' or 'jsonl', got {source!r}")

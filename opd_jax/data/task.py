@@ -18,6 +18,8 @@ import hashlib
 
 import numpy as np
 
+from opd_jax.errors import InputError
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -38,12 +40,12 @@ class ArithmeticTask:
 
   def __post_init__(self):
     if not 2 <= self.min_terms <= self.max_terms:
-      raise ValueError(f"task terms: need 2 <= min_terms <= max_terms, got {self.min_terms}, {self.max_terms}")
+      raise InputError(f"task terms: need 2 <= min_terms <= max_terms, got {self.min_terms}, {self.max_terms}")
     if not 1 <= self.min_digits <= self.max_digits <= 4:
-      raise ValueError(f"task digits: need 1 <= min_digits <= max_digits <= 4, got "
+      raise InputError(f"task digits: need 1 <= min_digits <= max_digits <= 4, got "
                        f"{self.min_digits}, {self.max_digits}")
     if not 0 < self.heldout_fraction < 1:
-      raise ValueError(f"task heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+      raise InputError(f"task heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
   def max_prompt_chars(self) -> int:
     return self.max_terms * (self.max_digits + 1)
@@ -79,7 +81,7 @@ class ArithmeticTask:
   def problems(self, split: str, count: int, seed: int = 0) -> list[Problem]:
     """`count` problems of `split` ('train' or 'heldout'), deterministic in (split, seed)."""
     if split not in ("train", "heldout"):
-      raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+      raise InputError(f"split must be 'train' or 'heldout', got {split!r}")
     rng = np.random.default_rng([seed, 0 if split == "train" else 1])
     out = []
     want_heldout = split == "heldout"

@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from opd_jax.errors import InputError
+
 SCALES = {"k3": lambda m: m["mismatch/k3"], "k1": lambda m: abs(m["mismatch/k1"]), "tv": lambda m: m["mismatch/tv"],
           "mult_prob_error": lambda m: m["mismatch/mult_prob_error"] - 1.0}
 _FLOOR = 1e-12  # mismatch values below this are treated as exactly zero
@@ -111,9 +113,9 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
   """Budget on one scale from sweep rows (status ok, with deltas). Returns a JSON-ready dict."""
   rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if len(rows) < 3:
-    raise ValueError(f"budget calibration needs >= 3 finished sweep points with a baseline, got {len(rows)}")
+    raise InputError(f"budget calibration needs >= 3 finished sweep points with a baseline, got {len(rows)}")
   if scale not in SCALES:
-    raise ValueError(f"scale {scale!r} is not one of {sorted(SCALES)}")
+    raise InputError(f"scale {scale!r} is not one of {sorted(SCALES)}")
   m = np.array([SCALES[scale](r["mismatch"]) for r in rows])
   q, tol = quality_losses(rows, tolerance, relative)
   fit, budget = _budget(m, q, tol)

@@ -8,11 +8,13 @@ import math
 import os
 from typing import Any
 
+from opd_jax.errors import InputError
+
 FAMILIES = ("qwen3", "llama", "qwen2")
 _ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
   """A checkpoint directory or its contents cannot be used; the message names the file or tensor."""
 
 
@@ -181,6 +183,19 @@ class ModelConfig:
     return hf
 
 
+def read_json_object(path: str) -> dict:
+  """A JSON object from an HF checkpoint file; anything else is a CheckpointError naming the file."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{path} is not valid JSON ({getattr(e, 'msg', e.__class__.__name__)}); restore the "
+                          "file from the original checkpoint") from None
+  if not isinstance(value, dict):
+    raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, expected an object (an HF config)")
+  return value
+
+
 def read_hf_config(path: str) -> ModelConfig:
   """Reads DIR/config.json (plus generation_config.json's eos ids when present)."""
   if not os.path.isdir(path):
@@ -188,19 +203,15 @@ def read_hf_config(path: str) -> ModelConfig:
   config_file = os.path.join(path, "config.json")
   if not os.path.isfile(config_file):
     raise CheckpointError(f"checkpoint dir {path!r} has no config.json (expected an HF model directory)")
-  try:
-    with open(config_file) as f:
-      hf = json.load(f)
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f"{config_file} is not valid JSON: {e}") from None
-  config = ModelConfig.from_hf_dict(hf, source=config_file)
+  config = ModelConfig.from_hf_dict(read_json_object(config_file), source=config_file)
   gen_file = os.path.join(path, "generation_config.json")
   if os.path.isfile(gen_file):
-    with open(gen_file) as f:
-      gen = json.load(f)
-    eos = gen.get("eos_token_id")
+    eos = read_json_object(gen_file).get("eos_token_id")
     if eos is not None:
-      eos = tuple(eos) if isinstance(eos, list) else (int(eos),)
+      ids = eos if isinstance(eos, list) else [eos]
+      if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise CheckpointError(f"{gen_file}: eos_token_id must be a token id or a list of them, got {eos!r}")
+      eos = tuple(ids)
       config = dataclasses.replace(config, eos_token_id=tuple(dict.fromkeys(config.eos_token_id + eos)))
   return config
 

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from opd_jax.errors import InputError
 from opd_jax.models.config import ModelConfig, rope_inv_freq
 from opd_jax.models.linear import Embed, Linear
 
@@ -226,13 +227,13 @@ class Decoder(nnx.Module):
                rngs: nnx.Rngs | None = None, attention: str = "xla", scan_layers: bool = True,
                remat: str = "none"):
     if attention not in ATTENTION_CHOICES:
-      raise ValueError(f"attention={attention!r} is not one of {', '.join(ATTENTION_CHOICES)} (reference: "
+      raise InputError(f"attention={attention!r} is not one of {', '.join(ATTENTION_CHOICES)} (reference: "
                        "einsum; xla / cudnn / auto: jax.nn.dot_product_attention implementations)")
     if attention == "cudnn" and jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-      raise ValueError(f"attention='cudnn' needs a bfloat16 or float16 compute dtype, got "
+      raise InputError(f"attention='cudnn' needs a bfloat16 or float16 compute dtype, got "
                        f"{jnp.dtype(dtype).name}; use attention='xla' for float32")
     if remat not in REMAT_CHOICES:
-      raise ValueError(f"remat={remat!r} is not one of {', '.join(REMAT_CHOICES)}")
+      raise InputError(f"remat={remat!r} is not one of {', '.join(REMAT_CHOICES)}")
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.config = config
@@ -269,7 +270,7 @@ class Decoder(nnx.Module):
     valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT.astype(bool)
     if positions_BxT is None:
       if cache is not None:
-        raise ValueError("decoding with a cache needs explicit positions_BxT")
+        raise InputError("decoding with a cache needs explicit positions_BxT")
       positions_BxT = jnp.maximum(jnp.cumsum(valid_BxT, axis=1) - 1, 0)
     if cache is None:
       slots_T = jnp.arange(T)

@@ -12,6 +12,7 @@ host never holds the whole model twice. Every problem raises `CheckpointError` b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -24,15 +25,16 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from opd_jax.models.config import CheckpointError, ModelConfig, read_hf_config
+from opd_jax.models.config import CheckpointError, ModelConfig, read_hf_config, read_json_object
 from opd_jax.models.decoder import Decoder
 
 SUPPORTED_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _INDEX_FILE = "model.safetensors.index.json"
 _IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")  # buffers some older checkpoints carry
+_VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")  # [vocab, hidden] tensors vocab_size slices
 
 
 def canonical_dtype(dtype) -> str:
@@ -63,8 +65,7 @@ def _tensor_files(path: str) -> dict[str, str]:
   """HF tensor name -> safetensors file that holds it (from the sharded index, or by listing files)."""
   index_file = os.path.join(path, _INDEX_FILE)
   if os.path.isfile(index_file):
-    with open(index_file) as f:
-      weight_map = json.load(f).get("weight_map")
+    weight_map = read_json_object(index_file).get("weight_map")
     if not isinstance(weight_map, dict):
       raise CheckpointError(f"{index_file} has no 'weight_map' (expected a safetensors shard index)")
     for file in set(weight_map.values()):
@@ -77,23 +78,44 @@ def _tensor_files(path: str) -> dict[str, str]:
                           "supported; convert with transformers' save_pretrained(safe_serialization=True))")
   names = {}
   for file in files:
-    with safe_open(os.path.join(path, file), framework="numpy") as f:
+    with _readable(os.path.join(path, file)), safe_open(os.path.join(path, file), framework="numpy") as f:
       names.update({k: file for k in f.keys()})
   return names
 
 
+@contextlib.contextmanager
+def _readable(file: str):
+  """A safetensors file that cannot be read (truncated, garbage, unreadable) -> CheckpointError naming it."""
+  try:
+    yield
+  except (SafetensorError, OSError) as e:
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise CheckpointError(f"{file} cannot be read as safetensors ({reason}); the file is damaged or cut short: "
+                          "copy the checkpoint again") from None
+
+
 def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
                     sharding_for: Callable[[str, tuple], jax.sharding.Sharding] | None = None,
-                    attention: str = "xla", remat: str = "none", scan_layers: bool = True) -> Decoder:
+                    attention: str = "xla", remat: str = "none", scan_layers: bool = True,
+                    vocab_size: int | None = None) -> Decoder:
   """Reads an HF checkpoint directory into a Decoder with parameters in `dtype`.
 
   compute_dtype: activation dtype (default: `dtype`). sharding_for: optional (dotted parameter path, shape)
   -> jax Sharding; each tensor is placed with it as it is read (sharded loading onto a mesh).
   attention, remat, scan_layers: the Decoder's static execution options (see opd_jax.models.decoder).
+  vocab_size: keep only the first `vocab_size` rows of embed_tokens and lm_head (read as a slice, never whole)
+  and set config.vocab_size to it, e.g. to score a padded-vocabulary teacher over the student's vocabulary
+  (see opd_jax.models.tokenizer_compat). None: the checkpoint's own vocabulary.
   """
   param_dtype = SUPPORTED_DTYPES[canonical_dtype(dtype)]
   compute_dtype = SUPPORTED_DTYPES[canonical_dtype(compute_dtype or dtype)]
   config = read_hf_config(path)
+  stored_vocab = config.vocab_size
+  if vocab_size is not None:
+    if not isinstance(vocab_size, int) or not 0 < vocab_size <= stored_vocab:
+      raise CheckpointError(f"vocab_size={vocab_size!r} cannot slice checkpoint {path!r}, whose vocab_size is "
+                            f"{stored_vocab}; pass a positive size up to it (or None for the whole vocabulary)")
+    config = dataclasses.replace(config, vocab_size=vocab_size)
   options = dict(attention=attention, remat=remat, scan_layers=scan_layers)
   abstract = nnx.eval_shape(lambda: Decoder(config, dtype=compute_dtype, param_dtype=param_dtype, **options))
   graphdef, abstract_state = nnx.split(abstract)
@@ -109,12 +131,20 @@ def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
       if file is None:
         raise CheckpointError(f"checkpoint dir {path!r}: tensor {name!r} is missing "
                               f"(config.json describes a {config.model_type} model that needs it)")
-      if file not in handles:
-        handles[file] = stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
-      array = handles[file].get_tensor(name)
-      stored = tuple(array.shape)
-      if (stored[::-1] if transpose else stored) != expected:
-        want = expected[::-1] if transpose else expected
+      want = expected[::-1] if transpose else expected  # the stored layout
+      rows = vocab_size if vocab_size is not None and name in _VOCAB_ROWS else None
+      with _readable(os.path.join(path, file)):
+        if file not in handles:
+          handles[file] = stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
+        if rows is None:
+          array = handles[file].get_tensor(name)
+          stored = tuple(array.shape)
+        else:  # read only the first `rows` rows: the padded rest never touches host memory
+          tensor = handles[file].get_slice(name)
+          stored = tuple(tensor.get_shape())
+          want = (stored_vocab, *want[1:])
+          array = tensor[:rows] if stored == want else None
+      if stored != want:
         raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has shape {stored}, "
                               f"expected {want} from config.json")
       if array.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64):

@@ -18,6 +18,8 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from opd_jax.errors import InputError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 DEFAULT_RULES = (
@@ -32,13 +34,13 @@ DEFAULT_RULES = (
 def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[int, int, int]:
   """Validated (data, fsdp, tensor) sizes; data = -1 takes the devices left after fsdp * tensor."""
   if fsdp < 1 or tensor < 1:
-    raise ValueError(f"mesh: fsdp and tensor must be >= 1, got fsdp={fsdp}, tensor={tensor}")
+    raise InputError(f"mesh: fsdp and tensor must be >= 1, got fsdp={fsdp}, tensor={tensor}")
   if data == -1:
     if device_count % (fsdp * tensor):
-      raise ValueError(f"mesh: {device_count} devices are not divisible by fsdp*tensor={fsdp * tensor}")
+      raise InputError(f"mesh: {device_count} devices are not divisible by fsdp*tensor={fsdp * tensor}")
     data = device_count // (fsdp * tensor)
   if data < 1 or data * fsdp * tensor != device_count:
-    raise ValueError(f"mesh: data*fsdp*tensor = {data}*{fsdp}*{tensor} != {device_count} devices; "
+    raise InputError(f"mesh: data*fsdp*tensor = {data}*{fsdp}*{tensor} != {device_count} devices; "
                      "set mesh.data=-1 to use the rest")
   return data, fsdp, tensor
 

@@ -42,6 +42,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from opd_jax.errors import InputError
+
 IMPORTANCE = ("none", "tis", "mis")
 STUDENT_LOGP = ("learner", "sampler")
 
@@ -59,16 +61,16 @@ class ObjectiveConfig:
 
   def __post_init__(self):
     if self.name not in OBJECTIVES:
-      raise ValueError(f"objective.name {self.name!r} is unknown; choose one of {sorted(OBJECTIVES)}")
+      raise InputError(f"objective.name {self.name!r} is unknown; choose one of {sorted(OBJECTIVES)}")
     if self.importance not in IMPORTANCE:
-      raise ValueError(f"objective.importance must be one of {IMPORTANCE}, got {self.importance!r}")
+      raise InputError(f"objective.importance must be one of {IMPORTANCE}, got {self.importance!r}")
     if self.student_logp not in STUDENT_LOGP:
-      raise ValueError(f"objective.student_logp must be one of {STUDENT_LOGP}, got {self.student_logp!r}")
+      raise InputError(f"objective.student_logp must be one of {STUDENT_LOGP}, got {self.student_logp!r}")
     if self.name == "grpo" and self.group_size < 2:
-      raise ValueError(f"objective.group_size must be >= 2 for grpo (advantages compare responses to the "
+      raise InputError(f"objective.group_size must be >= 2 for grpo (advantages compare responses to the "
                        f"same prompt), got {self.group_size}")
     if self.is_cap <= 1 or not 0 <= self.beta <= 1 or self.top_k < 1 or self.temperature <= 0:
-      raise ValueError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
+      raise InputError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
                        f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
 
   @property
@@ -196,7 +198,7 @@ def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
 
 def _grpo(x: LossInputs, c: ObjectiveConfig):
   if x.advantage_B is None:
-    raise ValueError("objective grpo needs rollouts with rewards (RolloutBatch.reward_B); the training loop "
+    raise InputError("objective grpo needs rollouts with rewards (RolloutBatch.reward_B); the training loop "
                      "grades them")
   advantage_BxR = jax.lax.stop_gradient(x.advantage_B)[:, None] * x.mask_BxR
   weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
@@ -205,7 +207,7 @@ def _grpo(x: LossInputs, c: ObjectiveConfig):
 
 def _vocabulary(x: LossInputs, c: ObjectiveConfig):
   if x.divergence_BxR is None:
-    raise ValueError(f"objective {c.name} needs the per-token vocabulary divergence (LossInputs.divergence_BxR)")
+    raise InputError(f"objective {c.name} needs the per-token vocabulary divergence (LossInputs.divergence_BxR)")
   return x.divergence_BxR, {}
 
 

@@ -8,6 +8,7 @@ import functools
 import jax
 from flax import nnx
 
+from opd_jax.errors import InputError
 from opd_jax.rollout import kv_cache, noise, precision
 from opd_jax.rollout.sampler import SamplingConfig
 
@@ -32,11 +33,11 @@ class RolloutConfig:
     object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules))
     object.__setattr__(self, "kv_cache", kv_cache.check_kv_dtype(self.kv_cache))
     if not isinstance(self.staleness_steps, int) or self.staleness_steps < 0:
-      raise ValueError(f"rollout.staleness_steps must be an integer >= 0, got {self.staleness_steps!r}")
+      raise InputError(f"rollout.staleness_steps must be an integer >= 0, got {self.staleness_steps!r}")
     if not self.noise_sigma >= 0:
-      raise ValueError(f"rollout.noise_sigma must be >= 0, got {self.noise_sigma!r}")
+      raise InputError(f"rollout.noise_sigma must be >= 0, got {self.noise_sigma!r}")
     if self.noise_order not in NOISE_ORDERS:
-      raise ValueError(f"rollout.noise_order must be one of {NOISE_ORDERS}, got {self.noise_order!r}")
+      raise InputError(f"rollout.noise_order must be one of {NOISE_ORDERS}, got {self.noise_order!r}")
     self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens
 
   @classmethod
@@ -46,7 +47,7 @@ class RolloutConfig:
     values = dict(rollout)
     unknown = sorted(set(values) - fields)
     if unknown:
-      raise ValueError(f"config.rollout has unknown field(s) {unknown}; known: {sorted(fields)}")
+      raise InputError(f"config.rollout has unknown field(s) {unknown}; known: {sorted(fields)}")
     values["weight_rules"] = tuple(tuple(r) for r in values.get("weight_rules", ()))
     return cls(**values)
 

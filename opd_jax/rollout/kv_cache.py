@@ -26,6 +26,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from opd_jax.errors import InputError
+
 KV_DTYPES = ("native", "bf16", "int8", "fp8_e4m3")
 _STORAGE = {"bf16": jnp.bfloat16, "int8": jnp.int8, "fp8_e4m3": jnp.uint8}  # buffer dtypes (fp8: bits)
 _QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
@@ -35,7 +37,7 @@ def check_kv_dtype(kv_dtype: str) -> str:
   aliases = {"fp8": "fp8_e4m3", "bfloat16": "bf16", "none": "native"}
   kv_dtype = aliases.get(kv_dtype, kv_dtype)
   if kv_dtype not in KV_DTYPES:
-    raise ValueError(f"kv cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)} (or fp8, none)")
+    raise InputError(f"kv cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)} (or fp8, none)")
   return kv_dtype
 
 
@@ -126,7 +128,7 @@ class KVCache:
     """The same cache with `slots` slots, the new ones empty (a copy; attention reads every slot, so a
     decoder grows its cache as it fills instead of reading a full-length one from the first step)."""
     if slots < self.slots:
-      raise ValueError(f"cannot shrink a KV cache from {self.slots} to {slots} slots")
+      raise InputError(f"cannot shrink a KV cache from {self.slots} to {slots} slots")
     valid_BxS = jnp.pad(self.valid_BxS, [(0, 0), (0, slots - self.slots)])
     return self.replace(layers=[layer.grow(slots) for layer in self.layers], valid_BxS=valid_BxS)
 

@@ -31,6 +31,8 @@ from aqt.jax.v2 import aqt_quantizer
 from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 
+from opd_jax.errors import InputError
+
 PRECISIONS = ("none", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
 _ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16"}
 _AQT_BITS = {"int8": 8, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
@@ -43,7 +45,7 @@ Rules = tuple[tuple[str, str], ...]
 def canonical_precision(name: str) -> str:
   name = _ALIASES.get(name, name)
   if name not in PRECISIONS:
-    raise ValueError(f"weight precision {name!r} is not one of {', '.join(PRECISIONS)} (or fp8)")
+    raise InputError(f"weight precision {name!r} is not one of {', '.join(PRECISIONS)} (or fp8)")
   return name
 
 
@@ -53,11 +55,11 @@ def recipe_rules(weights: str | None = "none", rules=()) -> Rules:
     out = []
     for rule in rules:
       if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and all(isinstance(x, str) for x in rule)):
-        raise ValueError(f"weight rule {rule!r} must be a (regex, precision) pair of strings")
+        raise InputError(f"weight rule {rule!r} must be a (regex, precision) pair of strings")
       try:
         re.compile(rule[0])
       except re.error as e:
-        raise ValueError(f"weight rule regex {rule[0]!r} is invalid: {e}") from None
+        raise InputError(f"weight rule regex {rule[0]!r} is invalid: {e}") from None
       out.append((rule[0], canonical_precision(rule[1])))
     return tuple(out)
   weights = canonical_precision(weights or "none")
@@ -78,7 +80,7 @@ def validate_rules(rules: Rules, state: nnx.State) -> None:
   for regex, precision in rules:
     if not any(re.search(regex, p) for p in paths):
       examples = ", ".join(paths[:3] + paths[-2:])
-      raise ValueError(f"weight rule ({regex!r} -> {precision}) matches no parameter of this model; "
+      raise InputError(f"weight rule ({regex!r} -> {precision}) matches no parameter of this model; "
                        f"paths look like: {examples}")
 
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from opd_jax.errors import InputError
 from opd_jax.rollout.kv_cache import KVCache, check_kv_dtype
 
 
@@ -44,13 +45,13 @@ class SamplingConfig:
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+      raise InputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
     if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+      raise InputError(f"temperature must be >= 0, got {self.temperature}")
     if self.decode_chunk < 0:
-      raise ValueError(f"decode_chunk must be >= 0, got {self.decode_chunk}")
+      raise InputError(f"decode_chunk must be >= 0, got {self.decode_chunk}")
     if self.top_k < 0 or not 0 < self.top_p <= 1:
-      raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={self.top_k}, top_p={self.top_p}")
+      raise InputError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={self.top_k}, top_p={self.top_p}")
     check_kv_dtype(self.kv_dtype)
 
 
@@ -178,7 +179,7 @@ def left_pad(prompts: list[list[int]], pad_id: int, length: int | None = None):
   longest = max(len(p) for p in prompts)
   length = longest if length is None else length
   if longest > length or min(len(p) for p in prompts) == 0:
-    raise ValueError(f"prompts must have 1..{length} tokens; got lengths {min(map(len, prompts))}..{longest}")
+    raise InputError(f"prompts must have 1..{length} tokens; got lengths {min(map(len, prompts))}..{longest}")
   tokens = np.full((len(prompts), length), pad_id, np.int32)
   valid = np.zeros((len(prompts), length), bool)
   for i, p in enumerate(prompts):

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from opd_jax.errors import InputError
+
 
 class SnapshotStore:
 
   def __init__(self, capacity: int):
     if capacity < 1:
-      raise ValueError(f"snapshot capacity must be >= 1, got {capacity}")
+      raise InputError(f"snapshot capacity must be >= 1, got {capacity}")
     self.capacity = capacity
     self._versions: dict[int, Any] = {}
 
   def push(self, version: int, params) -> None:
     if self._versions and version <= max(self._versions):
-      raise ValueError(f"snapshot version {version} is not newer than {max(self._versions)}")
+      raise InputError(f"snapshot version {version} is not newer than {max(self._versions)}")
     self._versions[version] = params
     for old in sorted(self._versions)[:-self.capacity]:
       del self._versions[old]
@@ -30,7 +32,7 @@ class SnapshotStore:
   @property
   def latest_version(self) -> int:
     if not self._versions:
-      raise ValueError("snapshot store is empty; push the initial parameters first")
+      raise InputError("snapshot store is empty; push the initial parameters first")
     return max(self._versions)
 
   def versions(self) -> list[int]:
@@ -39,7 +41,7 @@ class SnapshotStore:
   def get(self, staleness_steps: int) -> tuple[int, Any]:
     """(version, params) for `staleness_steps` behind the latest (clamped to the oldest kept)."""
     if staleness_steps < 0:
-      raise ValueError(f"staleness_steps must be >= 0, got {staleness_steps}")
+      raise InputError(f"staleness_steps must be >= 0, got {staleness_steps}")
     target = max(self.latest_version - staleness_steps, min(self._versions))
     return target, self._versions[target]
 

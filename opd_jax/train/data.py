@@ -6,27 +6,48 @@ import grain
 import numpy as np
 
 from opd_jax.data.batching import encode_prompts
+from opd_jax.data.char_tokenizer import check_text, is_char_tokenizer
 from opd_jax.data.task import Problem
+from opd_jax.errors import InputError
 
 
 class PromptPipeline:
-  """Yields {"prompt_BxP", "prompt_valid_BxP", "index_B"} numpy batches; state via get_state/set_state."""
+  """Yields {"prompt_BxP", "prompt_valid_BxP", "index_B"} numpy batches; state via get_state/set_state.
+
+  Prompts longer than max_prompt_tokens keep their end (see encode_prompts) and are counted: `truncated` is
+  how many of the `prompts_drawn` prompts yielded so far (by this object, so since construction or resume)
+  were cut; report it, e.g. as a metric. With the embedded character tokenizer every prompt is checked for
+  characters outside its vocabulary up front, so a bad problem set fails here rather than mid-run.
+  """
 
   def __init__(self, problems: list[Problem], tokenizer, *, batch_size: int, max_prompt_tokens: int, seed: int,
                use_chat_template: bool = False):
     if not problems:
-      raise ValueError("the training problem set is empty")
+      raise InputError("the training problem set is empty")
+    if is_char_tokenizer(tokenizer):
+      for index, problem in enumerate(problems):
+        check_text(problem.prompt, f"training problem {index}: prompt")
+    self.truncated = 0  # prompts yielded that were cut to max_prompt_tokens
+    self.prompts_drawn = 0  # prompts yielded
 
     def encode(index: int):
-      tokens, valid = encode_prompts(tokenizer, [problems[index]], max_prompt_tokens, use_chat_template)
-      return {"prompt_BxP": tokens[0], "prompt_valid_BxP": valid[0], "index_B": np.int64(index)}
+      cut = []
+      tokens, valid = encode_prompts(tokenizer, [problems[index]], max_prompt_tokens, use_chat_template,
+                                     on_truncate=lambda i, n: cut.append(n))
+      return {"prompt_BxP": tokens[0], "prompt_valid_BxP": valid[0], "index_B": np.int64(index),
+              "truncated_B": np.bool_(bool(cut))}
 
     dataset = (grain.MapDataset.range(len(problems)).shuffle(seed=seed).repeat().map(encode)
                .batch(batch_size, drop_remainder=True))
     self._iterator = iter(dataset.to_iter_dataset())
 
   def __next__(self) -> dict[str, np.ndarray]:
-    return next(self._iterator)
+    # Counted here, not in `encode`: grain encodes ahead on worker threads, and only yielded batches count.
+    batch = next(self._iterator)
+    truncated_B = batch.pop("truncated_B")
+    self.truncated += int(truncated_B.sum())
+    self.prompts_drawn += len(truncated_B)
+    return batch
 
   def __iter__(self):
     return self

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from opd_jax.errors import InputError
+
 
 def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
   """Joins this process to the run. coordinator: "" = single process; "auto" = let jax.distributed detect
@@ -21,14 +23,14 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
   Must run before anything touches a JAX device."""
   if not coordinator:
     if num_processes != 1:
-      raise ValueError(f"distributed.num_processes={num_processes} needs distributed.coordinator (host:port of "
+      raise InputError(f"distributed.num_processes={num_processes} needs distributed.coordinator (host:port of "
                        "process 0, or 'auto')")
     return
   if coordinator == "auto":
     jax.distributed.initialize()
     return
   if num_processes < 2 or not 0 <= process_id < num_processes:
-    raise ValueError(f"distributed: need num_processes >= 2 and 0 <= process_id < num_processes, got "
+    raise InputError(f"distributed: need num_processes >= 2 and 0 <= process_id < num_processes, got "
                      f"num_processes={num_processes}, process_id={process_id}")
   jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes only; GPU/TPU use their own
   jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)

@@ -68,6 +68,11 @@ class MetricsWriter:
         self._postfix[short] = f"{row[key]:.3g}"
     self._bar.set_postfix(self._postfix, refresh=False)
 
+  def warn(self, message: str) -> None:
+    """One `warning:` line on stderr, printed above the progress bar."""
+    if self.enabled:
+      self._bar.write(f"warning: {message}", file=sys.stderr)
+
   def advance(self, steps: int = 1) -> None:
     if self.enabled:
       self._bar.update(steps)

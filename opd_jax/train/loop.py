@@ -13,8 +13,11 @@ from flax import nnx
 
 from opd_jax.data.problems import get_problems
 from opd_jax.data.task import ArithmeticTask
+from opd_jax.errors import InputError, TrainingStopped
 from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models import sharding as shard_lib
+from opd_jax.models.finite import check_finite
+from opd_jax.models.tokenizer_compat import PairVocab, check_pair
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
@@ -22,63 +25,114 @@ from opd_jax.rollout.snapshots import SnapshotStore
 from opd_jax.train import distributed, evaluation
 from opd_jax.train.checkpointing import Checkpointer
 from opd_jax.train.data import PromptPipeline
+from opd_jax.train.export import export_student
 from opd_jax.train.logging import MetricsWriter
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.rollouts import AsyncRollouts, Produced, RolloutProducer
 from opd_jax.train.step import TrainState, train_step
+from opd_jax.train.workdir_lock import WorkdirLock
 
 MODES = ("sync", "async")
 
 
-def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig, ObjectiveConfig]:
-  """Every config mistake that can be found without loading a model, each naming its field."""
+def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig, ObjectiveConfig, PairVocab]:
+  """Every config mistake that can be found without loading a model, each naming its field; returns the parsed
+  rollout and objective configs and the pair's common vocabulary (the tokenizers are compared)."""
   rollout = RolloutConfig.from_config(config.rollout)
   objective = ObjectiveConfig(**dict(config.objective))
   t, m = config.train, config.mesh
   if t.mode not in MODES:
-    raise ValueError(f"train.mode must be one of {MODES}, got {t.mode!r}")
+    raise InputError(f"train.mode must be one of {MODES}, got {t.mode!r}")
   if t.mode == "async" and rollout.staleness_steps:
-    raise ValueError("rollout.staleness_steps is a sync-mode knob; in async mode staleness comes from the "
+    raise InputError("rollout.staleness_steps is a sync-mode knob; in async mode staleness comes from the "
                      "producer running ahead (bounded by train.max_staleness)")
   for field in ("steps", "batch_size", "log_every", "eval_every", "eval_size", "eval_batch_size",
                 "checkpoint_every", "keep_checkpoints"):
     if not isinstance(t[field], int) or t[field] < 1:
-      raise ValueError(f"train.{field} must be a positive integer, got {t[field]!r}")
-  for field in ("logits_chunk", "micro_batch_size"):
+      raise InputError(f"train.{field} must be a positive integer, got {t[field]!r}")
+  for field in ("logits_chunk", "micro_batch_size", "max_staleness", "stop_after_steps"):
     if not isinstance(t[field], int) or t[field] < 0:
-      raise ValueError(f"train.{field} must be an integer >= 0 (0 = off), got {t[field]!r}")
+      raise InputError(f"train.{field} must be an integer >= 0 (0 = off), got {t[field]!r}")
+  if not isinstance(t.max_skipped_steps, int) or t.max_skipped_steps < 1:
+    raise InputError(f"train.max_skipped_steps must be a positive integer, got {t.max_skipped_steps!r}")
+  _check_numbers(config)
   if t.micro_batch_size and t.batch_size % t.micro_batch_size:
-    raise ValueError(f"train.micro_batch_size={t.micro_batch_size} does not divide train.batch_size="
+    raise InputError(f"train.micro_batch_size={t.micro_batch_size} does not divide train.batch_size="
                      f"{t.batch_size}; pick a divisor (or 0 for no micro-batching)")
   data, _, _ = shard_lib.mesh_shape(m.data, m.fsdp, m.tensor, device_count or jax.device_count())
   group = objective.prompts_per_batch_divisor
   if t.batch_size % group:
-    raise ValueError(f"train.batch_size={t.batch_size} is not divisible by objective.group_size={group} "
+    raise InputError(f"train.batch_size={t.batch_size} is not divisible by objective.group_size={group} "
                      "(grpo samples every prompt group_size times); change one of them")
   for field in ("batch_size", "eval_batch_size", "micro_batch_size"):
     if t[field] % (data * m.fsdp):
-      raise ValueError(f"train.{field}={t[field]} is not divisible by the mesh's batch ways "
+      raise InputError(f"train.{field}={t[field]} is not divisible by the mesh's batch ways "
                        f"data*fsdp={data}*{m.fsdp}; change train.{field} or mesh.data/mesh.fsdp")
   teacher, student = read_hf_config(config.teacher), read_hf_config(config.student)  # errors name the file
-  if teacher.vocab_size != student.vocab_size:
-    raise ValueError(f"teacher vocab_size {teacher.vocab_size} != student vocab_size {student.vocab_size}: OPD "
-                     "scores the student's tokens with the teacher, so the pair must share a tokenizer")
+  for role, model in (("teacher", teacher), ("student", student)):
+    if config.data.max_prompt_tokens + rollout.max_new_tokens > model.max_position_embeddings:
+      raise InputError(f"data.max_prompt_tokens + rollout.max_new_tokens = {config.data.max_prompt_tokens} + "
+                       f"{rollout.max_new_tokens} exceeds the {role}'s max_position_embeddings "
+                       f"{model.max_position_embeddings}; shorten one of them")
+  vocab = pair_vocab(config, teacher, student)
   if config.data.source not in ("arithmetic", "jsonl"):
-    raise ValueError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
+    raise InputError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
   if config.data.source == "jsonl":
     for field in ("train_file", "heldout_file"):
       if not os.path.isfile(config.data[field]):
-        raise ValueError(f"data.{field}={config.data[field]!r} is not a file (data.source='jsonl' needs it)")
-  return rollout, objective
+        raise InputError(f"data.{field}={config.data[field]!r} is not a file (data.source='jsonl' needs it)")
+  if config.train.export_dtype not in ("", "float32", "bfloat16"):
+    raise InputError(f"train.export_dtype must be 'float32', 'bfloat16' or '' (no export), got "
+                     f"{config.train.export_dtype!r}")
+  return rollout, objective, vocab
 
 
-def load_model(config, role: str, mesh=None):
+def pair_vocab(config, teacher=None, student=None) -> PairVocab:
+  """The pair's common vocabulary, from its tokenizers (see opd_jax.models.tokenizer_compat); errors name the
+  tokens the two tokenizers disagree on."""
+  teacher, student = teacher or read_hf_config(config.teacher), student or read_hf_config(config.student)
+  return check_pair(config.teacher, config.student, teacher, student, tokenizer_dir=config.tokenizer or None)
+
+
+def _check_numbers(config) -> None:
+  """Ranges of the numeric data and optimizer fields, each error naming its field."""
+  d, o = config.data, config.optimizer
+  for field, value, ok, want in (
+      ("data.max_prompt_tokens", d.max_prompt_tokens, lambda v: v >= 1, "a positive integer"),
+      ("data.train_size", d.train_size, lambda v: v >= 1, "a positive integer"),
+      ("optimizer.learning_rate", o.learning_rate, lambda v: v > 0, "a number > 0"),
+      ("optimizer.warmup_steps", o.warmup_steps, lambda v: v >= 0, "an integer >= 0"),
+      ("optimizer.end_lr_fraction", o.end_lr_fraction, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+      ("optimizer.weight_decay", o.weight_decay, lambda v: v >= 0, "a number >= 0"),
+      ("optimizer.grad_clip_norm", o.grad_clip_norm, lambda v: v >= 0, "a number >= 0 (0 = off)")):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+      raise InputError(f"{field} must be {want}, got {value!r}")
+
+
+def check_workdir(workdir: str) -> None:
+  """The run directory can be created (or is a directory) and written; checked before anything is written."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise InputError(f"--workdir {workdir!r} is a file; give a directory (new or of this run)")
+  parent = os.path.abspath(workdir)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise InputError(f"--workdir {workdir!r} is under {parent!r}, which is a file; give a directory path")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise InputError(f"--workdir {workdir!r}: {parent!r} is not writable; give a directory you can write to")
+
+
+def load_model(config, role: str, mesh=None, vocab: PairVocab | None = None):
   """The config's teacher or student (role), in its param / compute dtypes with the config's model options,
-  each tensor placed straight onto its shards of `mesh` when given."""
+  each tensor placed straight onto its shards of `mesh` when given; with `vocab`, a model with a padded
+  vocabulary keeps only the pair's common rows."""
   sharding_for = shard_lib.loader_shardings(mesh) if mesh is not None else None
   m = config.model
-  return load_pretrained(config[role], config[f"{role}_param_dtype"], compute_dtype=config[f"{role}_compute_dtype"],
-                         sharding_for=sharding_for, attention=m.attention, remat=m.remat, scan_layers=m.scan_layers)
+  model = load_pretrained(config[role], config[f"{role}_param_dtype"], compute_dtype=config[f"{role}_compute_dtype"],
+                          sharding_for=sharding_for, attention=m.attention, remat=m.remat, scan_layers=m.scan_layers,
+                          vocab_size=vocab.slice_to(role) if vocab is not None else None)
+  check_finite(nnx.state(model), config[role])
+  return model
 
 
 def _task(config) -> ArithmeticTask:
@@ -91,11 +145,11 @@ def train(config, workdir: str) -> dict:
 
   Returns the final evaluation row.
   """
-  rollout, objective = check_config(config)
+  rollout, objective, vocab = check_config(config)
+  check_workdir(workdir)
   if config.train.mode == "async" and jax.process_count() > 1:
-    raise ValueError("train.mode='async' samples on a second thread, whose cross-process collectives could "
+    raise InputError("train.mode='async' samples on a second thread, whose cross-process collectives could "
                      "interleave differently on each process; use train.mode='sync' for multi-process runs")
-  os.makedirs(workdir, exist_ok=True)
   t = config.train
   mesh = shard_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   batch_sharding = shard_lib.batch_sharding(mesh)
@@ -104,8 +158,8 @@ def train(config, workdir: str) -> dict:
 
   # Models: the teacher is fixed (own dtypes), the student is the learner (float32 master params, compute in
   # student_compute_dtype); both sharded by the same rules.
-  teacher = load_model(config, "teacher", mesh)
-  student = load_model(config, "student", mesh)
+  teacher = load_model(config, "teacher", mesh, vocab)
+  student = load_model(config, "student", mesh, vocab)
   teacher_graphdef, teacher_state = nnx.split(teacher)
   graphdef, params = nnx.split(student)
   rollout.validate_for(params)
@@ -169,42 +223,48 @@ def train(config, workdir: str) -> dict:
   # Versions count loop steps (batches consumed), also across skipped non-finite updates.
   needs_copies = rollout.staleness_steps > 0 or t.mode == "async"
   snapshots = SnapshotStore(capacity=rollout.staleness_steps + 1)  # sync mode only
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
-  start_step, restored_pending = 0, []
-  latest = checkpointer.latest_step()
-  if latest is not None and not t.resume:
-    raise ValueError(f"workdir {workdir!r} already holds checkpoints (step {latest}) and train.resume=False; "
-                     "use a new --workdir, or resume")
-  if latest is not None:
-    meta = checkpointer.restore_meta(latest)
-    _check_same_run(meta, config)
-    abstract = {"train": state, "snapshots": {str(v): state.params for v in meta["snapshot_versions"]}}
-    arrays, meta = checkpointer.restore(latest, abstract)
-    state = arrays["train"]
-    snapshots.load_state_dict(arrays["snapshots"])
-    prompts.set_state(meta["data_state"])
-    start_step = int(meta["step"])
-    restored_pending = meta["pending_metrics"]
-  copy = (lambda tree: jax.tree.map(jnp.copy, tree)) if needs_copies else (lambda tree: tree)
-  if t.mode == "sync" and not snapshots.versions():
-    snapshots.push(start_step, copy(state.params))
-
-  writer = MetricsWriter(workdir, resume_step=latest, total_steps=t.steps, progress_bar=t.progress_bar,
-                         enabled=distributed.is_main())
-  if distributed.is_main():
-    _write_run_info(workdir, config)
-  if start_step == 0:
-    writer.write(0, run_eval(state.params))
-
-  last_data_state = prompts.get_state()  # read before a producer thread starts drawing from the pipeline
-  asynchronous = None
-  if t.mode == "async":
-    asynchronous = AsyncRollouts(producer, prompts, start_index=start_step, max_staleness=t.max_staleness,
-                                 initial_version=start_step, initial_params=copy(state.params))
-  # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
-  pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
-  final = {}
+  # Everything above only reads; the workdir is created here, after every input was loaded and checked.
+  os.makedirs(workdir, exist_ok=True)
+  lock = WorkdirLock(workdir, enabled=distributed.is_main()).acquire()  # a second trainer here exits 2 at once
+  checkpointer = writer = asynchronous = None
   try:
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
+    start_step, restored_pending, resume_step = 0, [], None
+    latest = checkpointer.latest_step()
+    if latest is not None and not t.resume:
+      raise InputError(f"workdir {workdir!r} already holds checkpoints (step {latest}) and train.resume=False; "
+                       "use a new --workdir, or resume")
+
+    def abstract_for(meta: dict):  # a run of another pair or shape is an error, never a fallback
+      _check_same_run(meta, config)
+      return {"train": state, "snapshots": {str(v): state.params for v in meta["snapshot_versions"]}}
+
+    # Newest intact checkpoint: a damaged newer one is moved aside with a warning naming it.
+    restored = checkpointer.restore_latest_intact(abstract_for) if latest is not None else None
+    if restored is not None:
+      state = restored.arrays["train"]
+      snapshots.load_state_dict(restored.arrays["snapshots"])
+      prompts.set_state(restored.meta["data_state"])
+      start_step = resume_step = int(restored.meta["step"])
+      restored_pending = restored.meta["pending_metrics"]
+    copy = (lambda tree: jax.tree.map(jnp.copy, tree)) if needs_copies else (lambda tree: tree)
+    if t.mode == "sync" and not snapshots.versions():
+      snapshots.push(start_step, copy(state.params))
+
+    writer = MetricsWriter(workdir, resume_step=resume_step, total_steps=t.steps, progress_bar=t.progress_bar,
+                           enabled=distributed.is_main())
+    if distributed.is_main():
+      _write_run_info(workdir, config)
+    if start_step == 0:
+      writer.write(0, run_eval(state.params))
+
+    last_data_state = prompts.get_state()  # read before a producer thread starts drawing from the pipeline
+    if t.mode == "async":
+      asynchronous = AsyncRollouts(producer, prompts, start_index=start_step, max_staleness=t.max_staleness,
+                                   initial_version=start_step, initial_params=copy(state.params))
+    # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
+    pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
+    final, skipped_in_a_row, warned_truncation = {}, 0, False
     for step in range(start_step, t.steps):
       if asynchronous is not None:
         produced = asynchronous.get()
@@ -214,6 +274,17 @@ def train(config, workdir: str) -> dict:
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
       state, metrics = step_fn(state, produced.batch, teacher_state)
+      # A skipped (non-finite) update leaves the state as it was; read at once so a diverged run stops early.
+      if float(metrics["skipped"]):
+        skipped_in_a_row += 1
+        writer.warn(f"step {step + 1} skipped: non-finite loss or gradient ({skipped_in_a_row} in a row; the run "
+                    f"stops at train.max_skipped_steps={t.max_skipped_steps})")
+        if skipped_in_a_row >= t.max_skipped_steps:
+          raise TrainingStopped(f"{skipped_in_a_row} consecutive steps (up to step {step + 1}) had a non-finite "
+                                "loss or gradient and were skipped; the last good checkpoint is kept in "
+                                f"{checkpointer.directory}. Lower optimizer.learning_rate or check the data")
+      else:
+        skipped_in_a_row = 0
       metrics["rollout/version_lag"] = step - produced.version
       pending.append(metrics)
       interval_tokens += produced.batch.mask_BxR.sum()
@@ -233,6 +304,11 @@ def train(config, workdir: str) -> dict:
         row["perf/step_s"] = elapsed / max(interval_steps, 1)
         row["perf/tokens_per_s"] = float(interval_tokens) / elapsed
         row["learning_rate"] = float(schedule(int(state.step) - 1))  # what the interval's last update used
+        row["data/prompts_truncated"] = prompts.truncated  # cut to data.max_prompt_tokens, since (re)start
+        if prompts.truncated and not warned_truncation:
+          warned_truncation = True
+          writer.warn(f"{prompts.truncated} of {prompts.prompts_drawn} prompts so far were longer than "
+                      f"data.max_prompt_tokens={d.max_prompt_tokens} and lost their start (data/prompts_truncated)")
         writer.write(new_version, row)
         pending, interval_start, interval_tokens, interval_steps = [], time.time(), 0.0, 0
       if new_version % t.eval_every == 0 or done:
@@ -250,11 +326,17 @@ def train(config, workdir: str) -> dict:
                            "staleness_steps": rollout.staleness_steps})
       if stopping:
         break
+    if t.export_dtype and start_step < t.steps and new_version == t.steps:  # the student as an HF checkpoint
+      export_student(graphdef, state.params, config.student, os.path.join(workdir, "export"),
+                     config.tokenizer or None, dtype=t.export_dtype)
   finally:
     if asynchronous is not None:
       asynchronous.close()
-    checkpointer.close()
-    writer.close()
+    if checkpointer is not None:
+      checkpointer.close()
+    if writer is not None:
+      writer.close()
+    lock.release()
   return final
 
 
@@ -265,11 +347,15 @@ def _average(rows: list[dict]) -> dict:
 
 
 def _check_same_run(meta: dict, config) -> None:
-  for key, value in (("batch_size", config.train.batch_size), ("steps", config.train.steps),
-                     ("mode", config.train.mode), ("staleness_steps", config.rollout.staleness_steps)):
+  if meta.get("pair") != config.pair:
+    raise InputError(f"workdir holds a run of pair {meta.get('pair')!r}, but this config is pair {config.pair!r}; "
+                     "use a new --workdir")
+  for key, field, value in (("batch_size", "train.batch_size", config.train.batch_size),
+                            ("steps", "train.steps", config.train.steps), ("mode", "train.mode", config.train.mode),
+                            ("staleness_steps", "rollout.staleness_steps", config.rollout.staleness_steps)):
     if meta.get(key) != value:
-      raise ValueError(f"workdir holds a checkpoint of a run with train.{key}={meta.get(key)}, but this config "
-                       f"has {value}; use a new --workdir or set --config.train.resume=False")
+      raise InputError(f"workdir holds a checkpoint of a run with {field}={meta.get(key)}, but this config "
+                       f"has {value}; use a new --workdir or the run's own {field}")
 
 
 def _write_run_info(workdir: str, config) -> None:

@@ -18,6 +18,7 @@ from flax import nnx
 
 from opd_jax.data.char_tokenizer import EOS, PAD, build_char_tokenizer
 from opd_jax.data.task import ArithmeticTask
+from opd_jax.errors import InputError
 from opd_jax.models import Decoder, ModelConfig, load_tokenizer, save_pretrained
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.train.evaluation import evaluate
@@ -117,7 +118,7 @@ def build_model(spec: ModelSpec, tokenizer, task: ArithmeticTask, log=print) -> 
 def build_pair(name: str, out_root: str = ASSETS, roles=("teacher", "student"), log=print) -> dict:
   """Builds (and overwrites) out_root/<name>/{teacher,student}; returns the build info written."""
   if name not in PAIRS:
-    raise ValueError(f"unknown pair {name!r}; known: {sorted(PAIRS)}")
+    raise InputError(f"unknown pair {name!r}; known: {sorted(PAIRS)}")
   task = ArithmeticTask()
   pair_dir = os.path.join(out_root, name)
   os.makedirs(pair_dir, exist_ok=True)

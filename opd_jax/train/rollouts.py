@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from opd_jax.errors import InputError
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
@@ -54,7 +55,7 @@ class RolloutProducer:
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host), with group_size > 1:
     sample each prompt group_size times and attach the rewards (GRPO)."""
     if group_size > 1 and reward_fn is None:
-      raise ValueError("group_size > 1 needs a reward_fn: groups only matter for reward advantages")
+      raise InputError("group_size > 1 needs a reward_fn: groups only matter for reward advantages")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
@@ -95,7 +96,7 @@ class AsyncRollouts:
   def __init__(self, producer: RolloutProducer, prompts, *, start_index: int, max_staleness: int,
                initial_version: int, initial_params):
     if max_staleness < 1:
-      raise ValueError(f"train.max_staleness must be >= 1 in async mode, got {max_staleness}")
+      raise InputError(f"train.max_staleness must be >= 1 in async mode, got {max_staleness}")
     self._producer, self._prompts, self._max_staleness = producer, prompts, max_staleness
     self._queue: queue.Queue = queue.Queue(maxsize=max_staleness)
     self._latest = (initial_version, initial_params)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from opd_jax.errors import InputError
 from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
 from opd_jax.objectives.chunked import gather_logp, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
@@ -132,10 +133,10 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   B = mask.shape[0]
   M = micro_batch_size or B
   if B % M:
-    raise ValueError(f"train.micro_batch_size={M} does not divide the batch of {B} responses")
+    raise InputError(f"train.micro_batch_size={M} does not divide the batch of {B} responses")
   if objective.needs_teacher_hidden and (teacher_state is None or teacher_graphdef is None
                                          or batch.teacher_hidden_BxRxD is None):
-    raise ValueError(f"objective {objective.name} needs the teacher (teacher_state, teacher_graphdef) and the "
+    raise InputError(f"objective {objective.name} needs the teacher (teacher_state, teacher_graphdef) and the "
                      "batch's teacher_hidden_BxRxD")
   teacher = nnx.merge(teacher_graphdef, teacher_state) if objective.needs_teacher_hidden else None
   vocab_metrics = mismatch_metrics and batch.sampler_top_logprobs_BxRxK is not None

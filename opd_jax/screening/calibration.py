@@ -24,6 +24,7 @@ from opd_jax.objectives.chunked import exact_reverse_kl, gather_logp, tempered_l
 from opd_jax.objectives.logprobs import response_hidden, score
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
+from opd_jax.train.loop import load_model, pair_vocab
 
 
 @dataclasses.dataclass
@@ -47,8 +48,8 @@ class Calibration:
   @classmethod
   def from_config(cls, config, num_prompts: int, seed: int = 0) -> "Calibration":
     """Held-out prompts of the config's data source (never the training split) and its pair."""
-    from opd_jax.train.loop import load_model
-    student, teacher = load_model(config, "student"), load_model(config, "teacher")
+    vocab = pair_vocab(config)
+    student, teacher = load_model(config, "student", vocab=vocab), load_model(config, "teacher", vocab=vocab)
     tokenizer = load_tokenizer(config.tokenizer or config.student)
     d = config.data
     task = ArithmeticTask(d.min_terms, d.max_terms, d.min_digits, d.max_digits)

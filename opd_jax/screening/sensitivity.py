@@ -15,7 +15,7 @@ import dataclasses
 
 import jax
 
-from opd_jax.mismatch.calibration import Calibration
+from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout import precision as precision_lib
 from opd_jax.rollout.config import RolloutConfig
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from opd_jax.data.batching import decode_responses
 from opd_jax.data.grader import is_correct
-from opd_jax.mismatch.calibration import Calibration
 from opd_jax.mismatch.metrics import token_metrics
+from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout.config import RolloutConfig
 
 

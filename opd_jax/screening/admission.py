@@ -17,8 +17,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from opd_jax.errors import InputError
 from opd_jax.mismatch import budget as budget_lib
-from opd_jax.mismatch.calibration import Calibration
+from opd_jax.screening.calibration import Calibration
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.train.optimizer import make_optimizer, make_schedule
@@ -79,7 +80,7 @@ def pick_budget(budget_file: dict, pair: str) -> tuple[str, dict, str]:
   for name in (pair, "pooled"):
     if name in budgets:
       return name, budgets[name], ""
-  raise ValueError(f"budget file has no budget for pair {pair!r} and no 'pooled' budget "
+  raise InputError(f"budget file has no budget for pair {pair!r} and no 'pooled' budget "
                    f"(it has: {sorted(budgets)})")
 
 

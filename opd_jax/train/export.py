@@ -1,0 +1,281 @@
+"""Export of the trained student as a Hugging Face checkpoint that transformers and load_pretrained read.
+
+The export directory holds safetensors (HF tensor names, `hf_io.hf_name`), the student's config.json (copied
+from the student dir, dtype updated), generation_config.json (copied, or derived from the config's bos / eos /
+pad ids) and the tokenizer files.
+
+Memory: tensors are gathered to the host one at a time (an all-gather across processes when a tensor is not
+fully addressable: every process takes part, process 0 writes) and streamed into safetensors files whose headers
+are computed up front from the shapes, so no host holds more than one whole tensor.
+
+Atomicity: everything is written into a temporary directory next to `out_dir`, which replaces `out_dir` only when
+complete; on any failure the temporary directory is removed and an existing `out_dir` is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from opd_jax.errors import InputError
+from opd_jax.models import sharding as shard_lib
+from opd_jax.models.config import read_hf_config
+from opd_jax.models.decoder import Decoder
+from opd_jax.models.hf_io import SUPPORTED_DTYPES, canonical_dtype, hf_name
+from opd_jax.models.tokenizer import has_tokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+_INDEX_FILE = "model.safetensors.index.json"
+_SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+
+
+def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_dir: str | None = None, *,
+                   dtype: str = "float32", max_shard_bytes: int = 4 << 30) -> str:
+  """Writes the student (graphdef + params, e.g. TrainState.params) to `out_dir` as an HF checkpoint.
+
+  student_dir: the HF dir the student started from (config.json, generation_config.json, and the tokenizer
+  unless `tokenizer_dir` is given). dtype: float32 | bfloat16 for the exported tensors. Tensors above
+  `max_shard_bytes` in total are split into model-0000i-of-0000n.safetensors with an index. Every process of a
+  multi-process run must call this (the gathers are collective); process 0 writes. Returns `out_dir`.
+  """
+  dtype_name = canonical_dtype(dtype)
+  out_dir = os.path.abspath(out_dir)
+  tokenizer_dir = tokenizer_dir or student_dir
+  config = read_hf_config(student_dir)  # errors name the dir
+  for source in {student_dir, tokenizer_dir}:
+    if os.path.realpath(source) == os.path.realpath(out_dir):
+      raise InputError(f"export dir {out_dir!r} is the student / tokenizer dir it reads from; choose another out dir")
+  if not has_tokenizer(tokenizer_dir):
+    raise InputError(f"tokenizer dir {tokenizer_dir!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}); "
+                     "pass the run's tokenizer dir (config.tokenizer)")
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise InputError(f"export dir {out_dir!r} exists and is not a directory; remove it or choose another out dir")
+  tensors = _hf_tensors(graphdef, params, config)
+  shards = _plan_shards(tensors, np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize, max_shard_bytes)
+  writer = jax.process_index() == 0
+  tmp = None
+  try:
+    if writer:
+      os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+      tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=os.path.dirname(out_dir))
+    for file, names in shards.items():
+      _write_safetensors(os.path.join(tmp, file) if writer else None, [(n, tensors[n]) for n in names], dtype_name)
+    if writer:
+      _write_metadata(tmp, shards, tensors, dtype_name, config, student_dir, tokenizer_dir)
+      _replace_dir(tmp, out_dir)
+      tmp = None
+  finally:
+    if tmp is not None:
+      shutil.rmtree(tmp, ignore_errors=True)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("export_student")  # every process returns once it is there
+  return out_dir
+
+
+def _hf_tensors(graphdef, params, config) -> dict[str, tuple[jax.Array, bool]]:
+  """HF name -> (parameter array, stored transposed), sorted by name; shapes checked against `config`."""
+  state = nnx.state(nnx.merge(graphdef, params), nnx.Param)
+  expected = dict(nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: Decoder(config)), nnx.Param)))
+  tensors = {}
+  for path, variable in nnx.to_flat_state(state):
+    value, dotted = variable.get_value(), ".".join(map(str, path))
+    if not isinstance(value, jax.Array):
+      raise InputError(f"parameter {dotted} is not a plain array (quantized?); export the learner's params")
+    want = expected.pop(path, None)
+    if want is None or tuple(want.get_value().shape) != tuple(value.shape):
+      raise InputError(f"parameter {dotted} with shape {tuple(value.shape)} does not fit the student's config.json "
+                       f"({'no such parameter' if want is None else tuple(want.get_value().shape)}); pass the "
+                       "student dir these params were trained from")
+    name, transpose = hf_name(path)
+    tensors[name] = (value, transpose)
+  if expected:
+    raise InputError(f"the params lack {', '.join('.'.join(map(str, p)) for p in list(expected)[:3])} that the "
+                     "student's config.json describes; pass the student dir these params were trained from")
+  return dict(sorted(tensors.items()))
+
+
+def _plan_shards(tensors: dict, itemsize: int, max_shard_bytes: int) -> dict[str, list[str]]:
+  """File name -> tensor names, in order; a new file starts when the next tensor would pass max_shard_bytes."""
+  groups, size = [[]], 0
+  for name, (value, _) in tensors.items():
+    nbytes = math.prod(value.shape) * itemsize
+    if groups[-1] and size + nbytes > max_shard_bytes:
+      groups.append([])
+      size = 0
+    groups[-1].append(name)
+    size += nbytes
+  if len(groups) == 1:
+    return {"model.safetensors": groups[0]}
+  return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": g for i, g in enumerate(groups)}
+
+
+def _gather(value: jax.Array, transpose: bool, dtype_name: str) -> np.ndarray:
+  """One whole tensor on the host (every process), cast and transposed on device first."""
+  if value.dtype != SUPPORTED_DTYPES[dtype_name]:
+    value = value.astype(SUPPORTED_DTYPES[dtype_name])
+  if transpose:
+    value = value.T
+  if value.is_fully_addressable:
+    return np.ascontiguousarray(jax.device_get(value))
+  return np.ascontiguousarray(multihost_utils.process_allgather(value, tiled=True))
+
+
+def _write_safetensors(path: str | None, tensors: list[tuple[str, tuple[jax.Array, bool]]], dtype_name: str):
+  """Streams one safetensors file: the header from the shapes, then each tensor as it is gathered.
+
+  path None: this process only takes part in the gathers (another process writes)."""
+  itemsize = np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize
+  header, offset = {"__metadata__": {"format": "pt"}}, 0
+  for name, (value, transpose) in tensors:
+    shape = list(value.shape[::-1] if transpose else value.shape)
+    nbytes = math.prod(shape) * itemsize
+    header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype_name], "shape": shape, "data_offsets": [offset, offset + nbytes]}
+    offset += nbytes
+  raw = json.dumps(header, separators=(",", ":")).encode()
+  raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned, as safetensors writes it
+  with open(path, "wb") if path else contextlib.nullcontext() as f:
+    if f is not None:
+      f.write(struct.pack("<Q", len(raw)) + raw)
+    for name, (value, transpose) in tensors:
+      host = _gather(value, transpose, dtype_name)
+      if list(host.shape) != header[name]["shape"]:
+        raise AssertionError(f"gathered {name} has shape {host.shape}, expected {header[name]['shape']}")
+      if f is not None:
+        f.write(host.reshape(-1).view(np.uint8))
+      del host
+
+
+def _write_metadata(tmp: str, shards: dict, tensors: dict, dtype_name: str, config, student_dir: str,
+                    tokenizer_dir: str) -> None:
+  """config.json, generation_config.json, the shard index (when sharded) and the tokenizer files."""
+  if len(shards) > 1:
+    itemsize = np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize
+    total = sum(math.prod(value.shape) * itemsize for value, _ in tensors.values())
+    weight_map = {name: file for file, names in shards.items() for name in names}
+    _write_json(os.path.join(tmp, _INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
+  with open(os.path.join(student_dir, "config.json")) as f:
+    hf_config = json.load(f)
+  for key in [k for k in ("torch_dtype", "dtype") if k in hf_config] or ["torch_dtype"]:
+    hf_config[key] = dtype_name
+  _write_json(os.path.join(tmp, "config.json"), hf_config)
+  generation_file = os.path.join(student_dir, "generation_config.json")
+  if os.path.isfile(generation_file):
+    shutil.copyfile(generation_file, os.path.join(tmp, "generation_config.json"))
+  else:
+    generation = {"bos_token_id": config.bos_token_id, "pad_token_id": config.pad_token_id,
+                  "eos_token_id": list(config.eos_token_id) or None}
+    _write_json(os.path.join(tmp, "generation_config.json"), {k: v for k, v in generation.items() if v is not None})
+  for file in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(tokenizer_dir, file)):
+      shutil.copyfile(os.path.join(tokenizer_dir, file), os.path.join(tmp, file))
+
+
+def _write_json(path: str, obj) -> None:
+  with open(path, "w") as f:
+    json.dump(obj, f, indent=2)
+    f.write("\n")
+
+
+def _replace_dir(tmp: str, out_dir: str) -> None:
+  """Moves the complete `tmp` to `out_dir`; an existing `out_dir` is moved aside first and removed after."""
+  os.chmod(tmp, 0o755)
+  for file in os.listdir(tmp):
+    os.chmod(os.path.join(tmp, file), 0o644)
+  if not os.path.exists(out_dir):
+    os.rename(tmp, out_dir)
+    return
+  trash = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=os.path.dirname(out_dir))
+  os.rename(out_dir, os.path.join(trash, "previous"))
+  try:
+    os.rename(tmp, out_dir)
+  except OSError:
+    os.rename(os.path.join(trash, "previous"), out_dir)
+    raise
+  finally:
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+# --- From a training workdir -------------------------------------------------------------------------------------
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config (workdir/config.json, written by launch/train.py)."""
+  if not os.path.isdir(workdir):
+    raise InputError(f"workdir {workdir!r} does not exist; pass the --workdir of a launch/train.py run")
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise InputError(f"workdir {workdir!r} has no config.json; pass the --workdir of a launch/train.py run")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def _manager(workdir: str) -> ocp.CheckpointManager:
+  if not os.path.isdir(workdir):
+    raise InputError(f"workdir {workdir!r} does not exist; pass the --workdir of a launch/train.py run")
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  steps = ocp.utils.checkpoint_steps(directory) if os.path.isdir(directory) else []
+  if not steps:
+    raise InputError(f"workdir {workdir!r} has no checkpoints under checkpoints/; train first (launch/train.py "
+                     "checkpoints every train.checkpoint_every steps and at the end)")
+  return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+
+
+def resolve_step(workdir: str, step: int | None = None) -> int:
+  """`step` if the workdir holds a checkpoint of it, else (None) the latest; errors list the available steps."""
+  manager = _manager(workdir)
+  try:
+    steps = sorted(manager.all_steps())
+  finally:
+    manager.close()
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise InputError(f"workdir {workdir!r} has no checkpoint of step {step}; available steps: "
+                     f"{', '.join(map(str, steps))} (omit --step for the latest)")
+  return step
+
+
+def restore_params(workdir: str, step: int | None = None):
+  """(graphdef, params) of the student at `step` (default latest), sharded over all devices (fsdp).
+
+  Only the train state's params are read (an orbax partial restore): no optimizer state, no snapshots.
+  """
+  config = read_run_config(workdir)
+  step = resolve_step(workdir, step)
+  student = read_hf_config(config.student)
+  abstract = nnx.eval_shape(lambda: Decoder(
+      student, dtype=SUPPORTED_DTYPES[canonical_dtype(config.student_compute_dtype)],
+      param_dtype=SUPPORTED_DTYPES[canonical_dtype(config.student_param_dtype)], attention=config.model.attention,
+      remat=config.model.remat, scan_layers=config.model.scan_layers))
+  graphdef, abstract_params = nnx.split(abstract)
+  mesh = shard_lib.make_mesh(1, jax.device_count(), 1)
+  shardings = shard_lib.state_shardings(abstract_params, mesh)
+  target = {"train": {"params": jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                             abstract_params, shardings)}}
+  manager = _manager(workdir)
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+  finally:
+    manager.close()
+  return graphdef, restored.arrays["train"]["params"]
+
+
+def export_from_workdir(workdir: str, out_dir: str, step: int | None = None, *, dtype: str = "float32") -> str:
+  """Exports the student of a training run at `step` (default latest) to `out_dir`; returns `out_dir`."""
+  config = read_run_config(workdir)
+  graphdef, params = restore_params(workdir, step)
+  return export_student(graphdef, params, config.student, out_dir, config.tokenizer or None, dtype=dtype)

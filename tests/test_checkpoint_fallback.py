@@ -1,0 +1,206 @@
+"""Damaged checkpoints fall back to the newest intact step; a target that does not fit is an error; one trainer
+per workdir (WorkdirLock)."""
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from opd_jax.errors import InputError
+from opd_jax.train.checkpointing import CheckpointMismatch, Checkpointer
+from opd_jax.train.workdir_lock import WorkdirLock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = (1, 2, 3)
+
+
+def _arrays(step: int, width: int = 1024):
+  """A small train-state-like pytree whose values identify the step; snapshot versions come from meta.
+
+  32 KiB of incompressible floats in `w`, so orbax writes it to a data file instead of inlining it.
+  """
+  return {"train": {"w": jnp.sin(jnp.arange(width * 8, dtype=jnp.float32)).reshape(width, 8) * step,
+                    "step": jnp.asarray(step, jnp.int32)},
+          "snapshots": {str(step - 1): {"w": jnp.full((width, 8), step - 1, jnp.float32)}}}
+
+
+def _make_abstract(width: int = 1024):
+  def make(meta):
+    versions = meta["snapshot_versions"]
+    return {"train": {"w": jax.ShapeDtypeStruct((width, 8), jnp.float32),
+                      "step": jax.ShapeDtypeStruct((), jnp.int32)},
+            "snapshots": {str(v): {"w": jax.ShapeDtypeStruct((width, 8), jnp.float32)} for v in versions}}
+  return make
+
+
+def _save_three(directory) -> Checkpointer:
+  checkpointer = Checkpointer(str(directory), keep=5)
+  for step in STEPS:
+    checkpointer.save(step, _arrays(step), {"step": step, "snapshot_versions": [step - 1]})
+  checkpointer.wait()
+  return checkpointer
+
+
+def _assert_restores(checkpointer, step):
+  restored = checkpointer.restore_latest_intact(_make_abstract())
+  assert restored.step == step and restored.meta == {"step": step, "snapshot_versions": [step - 1]}
+  jax.tree.map(np.testing.assert_array_equal, restored.arrays, _arrays(step))
+  return restored
+
+
+def _truncate_largest_data_file(step_dir):
+  files = [f for f in glob.glob(os.path.join(step_dir, "arrays", "**", "*"), recursive=True) if os.path.isfile(f)]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.truncate(os.path.getsize(largest) // 2)
+
+
+def _overwrite(path, text):
+  with open(path, "w") as f:
+    f.write(text)
+
+
+DAMAGES = {  # name: (damage the step directory, what the reason says)
+    "truncated data file": (_truncate_largest_data_file, "OUT_OF_RANGE"),
+    "_CHECKPOINT_METADATA deleted": (lambda step_dir: os.remove(os.path.join(step_dir, "_CHECKPOINT_METADATA")),
+                                     "_CHECKPOINT_METADATA is missing"),
+    "arrays/_METADATA deleted": (lambda step_dir: os.remove(os.path.join(step_dir, "arrays", "_METADATA")),
+                                 "arrays/_METADATA is missing"),
+    "arrays item deleted": (lambda step_dir: shutil.rmtree(os.path.join(step_dir, "arrays")), "arrays/ is missing"),
+    "meta item deleted": (lambda step_dir: shutil.rmtree(os.path.join(step_dir, "meta")), "meta/ is missing"),
+    "meta is not JSON": (lambda step_dir: _overwrite(os.path.join(step_dir, "meta", "metadata"), '{"st'),
+                         "meta: Unterminated string"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_newest_step_falls_back_to_previous(tmp_path, capfd, damage):
+  damage_fn, reason = DAMAGES[damage]
+  _save_three(tmp_path).close()
+  damage_fn(str(tmp_path / "3"))
+  checkpointer = Checkpointer(str(tmp_path), keep=5)
+  restored = _assert_restores(checkpointer, 2)
+  assert [step for step, _ in restored.skipped] == [3] and reason in restored.skipped[0][1]
+  warnings = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and warnings[0].startswith(f"warning: checkpoint step 3 in {tmp_path} is unreadable (")
+  assert "; falling back to step 2; moved it aside to 3.corrupt-" in warnings[0] and len(warnings[0]) < 600
+  assert checkpointer.latest_step() == 2 and len(glob.glob(str(tmp_path / "3.corrupt-*"))) == 1
+
+  checkpointer.save(3, _arrays(3), {"step": 3, "snapshot_versions": [2]})  # the run resumes and saves step 3
+  checkpointer.close()
+  reopened = Checkpointer(str(tmp_path), keep=5)
+  assert reopened.latest_step() == 3 and _assert_restores(reopened, 3).skipped == []
+  assert len(glob.glob(str(tmp_path / "3.corrupt-*"))) == 1  # kept for a look; orbax's tmp cleanup leaves it
+  reopened.close()
+
+
+def test_two_damaged_steps_fall_back_past_both(tmp_path):
+  _save_three(tmp_path).close()
+  _truncate_largest_data_file(str(tmp_path / "3"))
+  shutil.rmtree(tmp_path / "2" / "meta")
+  checkpointer = Checkpointer(str(tmp_path), keep=5)
+  assert [step for step, _ in _assert_restores(checkpointer, 1).skipped] == [3, 2]
+  assert checkpointer.latest_step() == 1
+  checkpointer.close()
+
+
+def test_every_step_damaged_is_one_line_error_and_moves_nothing(tmp_path):
+  _save_three(tmp_path).close()
+  for step in STEPS:
+    _truncate_largest_data_file(str(tmp_path / str(step)))
+  checkpointer = Checkpointer(str(tmp_path), keep=5)
+  with pytest.raises(InputError, match=r"no checkpoint in .* reads back \(step 3: .*the 2 older steps are "
+                                       r"unreadable too\); use a new --workdir, or delete") as error:
+    checkpointer.restore_latest_intact(_make_abstract())
+  assert "\n" not in str(error.value)
+  assert sorted(os.listdir(tmp_path)) == ["1", "2", "3"]
+  checkpointer.close()
+
+
+def test_target_that_does_not_fit_is_an_error_not_a_fallback(tmp_path):
+  _save_three(tmp_path).close()
+  checkpointer = Checkpointer(str(tmp_path), keep=5)
+  with pytest.raises(CheckpointMismatch, match=r"checkpoint step 3 in .* does not fit this run's state: "
+                                               r"snapshots.2.w is float32\[1024, 8\] in the checkpoint but "
+                                               r"float32\[1025, 8\] in this run \(and 1 more differences\)"):
+    checkpointer.restore_latest_intact(_make_abstract(width=1025))
+
+  def extra_leaf(meta):
+    abstract = _make_abstract()(meta)
+    abstract["train"]["bias"] = jax.ShapeDtypeStruct((8,), jnp.float32)
+    return abstract
+  with pytest.raises(CheckpointMismatch, match="train.bias is in this run but not in the checkpoint"):
+    checkpointer.restore_latest_intact(extra_leaf)
+  assert checkpointer.latest_step() == 3 and sorted(os.listdir(tmp_path)) == ["1", "2", "3"]
+  checkpointer.close()
+
+
+def test_leftover_tmp_folders_do_not_break_restore(tmp_path):
+  _save_three(tmp_path).close()
+  leftover = tmp_path / "4.orbax-checkpoint-tmp-1234567890"  # an interrupted save of step 4
+  shutil.copytree(tmp_path / "3", leftover)
+  _truncate_largest_data_file(str(leftover))
+  checkpointer = Checkpointer(str(tmp_path), keep=5)
+  assert checkpointer.latest_step() == 3 and _assert_restores(checkpointer, 3).skipped == []
+  checkpointer.save(4, _arrays(4), {"step": 4, "snapshot_versions": [3]})
+  checkpointer.close()
+  assert not leftover.exists() and Checkpointer(str(tmp_path), keep=5).latest_step() == 4
+
+
+def test_no_checkpoints_is_none(tmp_path):
+  assert Checkpointer(str(tmp_path), keep=2).restore_latest_intact(_make_abstract()) is None
+
+
+_HOLD = ("import sys, time; from opd_jax.train.workdir_lock import WorkdirLock; "
+         "lock = WorkdirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)")
+_TRY = "import sys; from opd_jax.train.workdir_lock import WorkdirLock; WorkdirLock(sys.argv[1]).acquire()"
+
+
+def _python(code, workdir, **kwargs):
+  return subprocess.Popen([sys.executable, "-c", code, str(workdir)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_second_trainer_on_a_live_workdir_fails_at_once(tmp_path):
+  with WorkdirLock(str(tmp_path)):
+    second = _python(_TRY, tmp_path)
+    _, err = second.communicate(timeout=30)
+  assert second.returncode != 0
+  message = err.strip().splitlines()[-1]
+  assert message.startswith(f"opd_jax.errors.InputError: workdir '{tmp_path}' is in use by pid {os.getpid()} on "
+                            f"host {socket.gethostname()} (since ")
+  assert message.endswith("); wait for it to finish or use another --workdir")
+  with WorkdirLock(str(tmp_path)):  # released on exit: a later trainer takes it
+    pass
+
+
+def test_lock_of_a_killed_trainer_is_taken_over(tmp_path):
+  holder = _python(_HOLD, tmp_path)
+  assert holder.stdout.readline().strip() == "locked"
+  with pytest.raises(InputError, match=f"in use by pid {holder.pid} on host"):
+    WorkdirLock(str(tmp_path)).acquire()
+  holder.send_signal(signal.SIGKILL)
+  holder.wait(timeout=30)
+  assert str(holder.pid) in (tmp_path / ".lock").read_text()  # the stale holder record is still there
+  with WorkdirLock(str(tmp_path)):
+    assert f'"pid": {os.getpid()}' in (tmp_path / ".lock").read_text()
+  assert (tmp_path / ".lock").read_text() == ""
+
+
+def test_disabled_lock_takes_nothing(tmp_path):
+  with WorkdirLock(str(tmp_path), enabled=False), WorkdirLock(str(tmp_path)):
+    pass
+
+
+def test_workdir_that_is_a_file_is_one_line_error(tmp_path):
+  (tmp_path / "run").write_text("")
+  with pytest.raises(InputError, match=r"workdir '.*/run' is a file; pass a directory as --workdir"):
+    WorkdirLock(str(tmp_path / "run")).acquire()

@@ -1,0 +1,207 @@
+"""The error contract of every launch script, table-driven: each bad input exits 2 with exactly one `error:` line
+naming the culprit, no traceback, and leaves nothing behind in its folder.
+
+The cases run concurrently once (a module fixture); each case is then its own test. Most fail while the flags are
+parsed (a fraction of a second); the rest load a tiny checkpoint.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (id, script, arguments, fragment the error line must contain). In arguments, {d} is the case's own folder
+# (created empty, plus the inputs its setup writes), {student} / {teacher} the tiny pair; {bad} is a damaged copy
+# of the student made by the case's setup.
+TRAIN = ("launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/run")
+TINY = ("--config.teacher={teacher}", "--config.student={student}")
+SAMPLE = ("launch/sample.py", "--prompt_ids=3,4", "--max_new_tokens=4", "--json")
+CASES = [
+    # train.py: flags and config files
+    ("train_unknown_field", *TRAIN, "--config.train.stepz=5", "--config.train.stepz=5: the config has no field"),
+    ("train_unknown_section", *TRAIN, "--config.trian.steps=5", "no field 'trian'"),
+    ("train_missing_config", "launch/train.py", "--config=configs/nope.py", "--workdir={d}/run",
+     "'configs/nope.py' does not exist"),
+    ("train_bad_int", *TRAIN, "--config.train.steps=abc", "--config.train.steps=abc"),
+    ("train_bad_config_arg", "launch/train.py", "--config=configs/pair1.py:bogus", "--workdir={d}/run",
+     "config argument 'bogus' is unknown"),
+    ("train_bad_switch", "launch/train.py", "--config=configs/pair1.py:runlocal=maybe", "--workdir={d}/run",
+     "'runlocal' is a switch"),
+    ("train_unknown_flag", *TRAIN, "--stepz=3", "Unknown command line flag 'stepz'"),
+    ("train_no_config", "launch/train.py", "--workdir={d}/run", "--config is required"),
+    ("train_positional", *TRAIN, "extra", "unexpected argument 'extra'"),
+    # train.py: config fields
+    ("train_objective", *TRAIN, "--config.objective.name=kl", "objective.name 'kl' is unknown"),
+    ("train_mode", *TRAIN, "--config.train.mode=fast", "train.mode"),
+    ("train_prompt_tokens", *TRAIN, "--config.data.max_prompt_tokens=0", "data.max_prompt_tokens"),
+    ("train_lr", *TRAIN, "--config.optimizer.learning_rate=-1.0", "optimizer.learning_rate"),
+    ("train_weights", *TRAIN, "--config.rollout.weights=int3", "int3"),
+    ("train_positions", *TRAIN, "--config.rollout.max_new_tokens=300", "max_position_embeddings"),
+    ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
+    # train.py: files
+    ("train_teacher_missing", *TRAIN, "--config.teacher=/no/such/dir", "/no/such/dir"),
+    ("train_workdir_file", "launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/file",
+     "is a file"),
+    ("train_workdir_under_file", "launch/train.py", "--config=configs/pair1.py:runlocal",
+     "--workdir={d}/file/run", "which is a file"),
+    ("train_config_list", *TRAIN, "--config.teacher={teacher}", "--config.student={bad}", "holds a JSON list"),
+    ("train_truncated_weights", *TRAIN, "--config.teacher={teacher}", "--config.student={bad}", "model.safetensors"),
+    ("train_nan_weights", *TRAIN, "--config.teacher={teacher}", "--config.student={bad}", "non-finite"),
+    ("train_jsonl_not_utf8", *TRAIN, *TINY, "--config.data.source=jsonl", "--config.data.train_file={d}/bad.jsonl",
+     "--config.data.heldout_file={d}/bad.jsonl", "not UTF-8"),
+    ("train_jsonl_garbage", *TRAIN, *TINY, "--config.data.source=jsonl", "--config.data.train_file={d}/garbage_problems.jsonl",
+     "--config.data.heldout_file={d}/garbage_problems.jsonl", "garbage_problems.jsonl:2: not valid JSON"),
+    # sample.py
+    ("sample_missing", *SAMPLE, "--checkpoint=/no/such/dir", "does not exist"),
+    ("sample_no_checkpoint", *SAMPLE, "--checkpoint is required"),
+    ("sample_no_prompt", "launch/sample.py", "--checkpoint={student}", "--json", "exactly one of --prompt"),
+    ("sample_prompt_ids", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=a,b", "--json",
+     "--prompt_ids must be comma-separated integers"),
+    ("sample_prompt_range", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=999", "--json",
+     "--prompt_ids must be non-empty ids"),
+    ("sample_unknown_character", "launch/sample.py", "--checkpoint={student}", "--prompt=12*3", "--json",
+     "outside the tokenizer's vocabulary: '*'"),
+    ("sample_positions", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=3", "--max_new_tokens=99999",
+     "--json", "max_position_embeddings"),
+    ("sample_nan", *SAMPLE, "--checkpoint={bad}", "non-finite"),
+    ("sample_config_list", *SAMPLE, "--checkpoint={bad}", "holds a JSON list"),
+    ("sample_truncated_weights", *SAMPLE, "--checkpoint={bad}", "model.safetensors"),
+    # calibrate.py
+    ("calibrate_missing", "launch/calibrate.py", "--results={d}/none.jsonl", "--out={d}/b.json", "does not exist"),
+    ("calibrate_garbage_line", "launch/calibrate.py", "--results={d}/garbage.jsonl", "--out={d}/b.json",
+     "garbage.jsonl:2"),
+    ("calibrate_no_pair", "launch/calibrate.py", "--results={d}/nopair.jsonl", "--out={d}/b.json",
+     "missing field 'pair'"),
+    ("calibrate_tolerance", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json", "--tolerance=-1",
+     "--tolerance=-1"),
+    ("calibrate_holdout", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json", "--holdout=nope",
+     "--holdout names points"),
+    ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
+    ("calibrate_no_results", "launch/calibrate.py", "--out={d}/b.json", "--results is required"),
+    # admit.py (the budget is checked before anything is measured)
+    ("admit_budget_missing", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/none.json",
+     "does not exist"),
+    ("admit_budget_list", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
+     "holds a JSON list"),
+    ("admit_budget_keys", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/nokeys.json", "'budgets'"),
+    ("admit_budget_truncated", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/truncated.json",
+     "not valid JSON"),
+    ("admit_prompts", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/budget.json", "--prompts=0",
+     "--prompts=0"),
+    # report.py
+    ("report_budget_truncated", "launch/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
+     "--out={d}/report", "budget file"),
+    ("report_results_missing", "launch/report.py", "--results={d}/none.jsonl", "--out={d}/report",
+     "does not exist"),
+    ("report_out_file", "launch/report.py", "--results={d}/ok.jsonl", "--out={d}/file", "is a file"),
+    ("report_validation_list", "launch/report.py", "--results={d}/ok.jsonl", "--validation={d}/list.json",
+     "--out={d}/report", "holds a JSON list"),
+    # the other scripts
+    ("sweep_missing_config", "launch/sweep.py", "--config=configs/sweeps/nope.py", "--workdir={d}/sweep",
+     "does not exist"),
+    ("sweep_unknown_field", "launch/sweep.py", "--config=configs/sweeps/noise.py", "--config.stepz=1",
+     "--workdir={d}/sweep", "no field 'stepz'"),
+    ("plan_unknown_model", "launch/plan_memory.py", "--teacher=qwen9", "--student=qwen3-0.6b", "qwen9"),
+    ("prefix_shift_noise", "launch/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
+     "--noise"),
+    ("sensitivity_weights", "launch/sensitivity.py", "--config=configs/pair1.py", "--weights=int3",
+     "--out={d}/sens", "int3"),
+    ("build_pairs_unknown", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/pairs", "pair9"),
+]
+
+
+def _damaged_student(d: str, student: str, how: str) -> str:
+  bad = os.path.join(d, "bad")
+  shutil.copytree(student, bad)
+  weights = os.path.join(bad, "model.safetensors")
+  if how == "config_list":
+    with open(os.path.join(bad, "config.json"), "w") as f:
+      json.dump([1, 2], f)
+  elif how == "truncated_weights":
+    with open(weights, "r+b") as f:
+      f.truncate(os.path.getsize(weights) // 2)
+  elif how == "nan":
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = np.full_like(tensors[name], np.nan)
+    save_file(tensors, weights, metadata={"format": "pt"})
+  return bad
+
+
+def _setup(case_id: str, d: str, pair: dict) -> dict:
+  """Writes the case's inputs into d; returns the placeholders of its arguments."""
+  with open(os.path.join(d, "file"), "w") as f:
+    f.write("not a directory\n")
+  with open(os.path.join(d, "bad.jsonl"), "wb") as f:
+    f.write(b'{"prompt": "1+1=", "answer": "2"}\n\xff\xfe\n')
+  row = {"pair": "pair1", "point": "baseline", "status": "ok", "final_accuracy": 0.5, "best_accuracy": 0.5,
+         "mismatch": {"mismatch/k3": 0.0}}
+  with open(os.path.join(d, "garbage.jsonl"), "w") as f:
+    f.write(json.dumps(row) + "\nnot json\n" + json.dumps(row) + "\n")
+  with open(os.path.join(d, "garbage_problems.jsonl"), "w") as f:
+    f.write('{"prompt": "1+1=", "answer": "2"}\nnot json\n')
+  with open(os.path.join(d, "nopair.jsonl"), "w") as f:
+    f.write(json.dumps({k: v for k, v in row.items() if k != "pair"}) + "\n")
+  with open(os.path.join(d, "ok.jsonl"), "w") as f:
+    f.write(json.dumps(row) + "\n")
+  for name, value in (("list.json", [1, 2]), ("nokeys.json", {"scale": "k3"}),
+                      ("budget.json", {"scale": "k3", "budgets": {"pooled": {
+                          "budget": 1e-3, "interval": [5e-4, 2e-3], "bootstrap_budgets": [1e-3]}}})):
+    with open(os.path.join(d, name), "w") as f:
+      json.dump(value, f)
+  with open(os.path.join(d, "truncated.json"), "w") as f:
+    f.write('{"scale": "k3", "budgets": {"pooled": {"budg')
+  values = {"d": d, **pair}
+  damage = next((how for how in ("config_list", "truncated_weights", "nan") if how in case_id), None)
+  if damage:
+    values["bad"] = _damaged_student(d, pair["student"], damage)
+  return values
+
+
+def _run_case(case, root: str, pair: dict):
+  case_id, *args, _ = case
+  d = os.path.join(root, case_id)
+  os.makedirs(d)
+  values = _setup(case_id, d, pair)
+  before = sorted(os.listdir(d))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
+  result = subprocess.run([sys.executable, *(a.format(**values) for a in args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+  return result, before, sorted(os.listdir(d))
+
+
+@pytest.fixture(scope="module")
+def outcomes(tiny_pair, tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("error_contract"))
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    futures = {case[0]: pool.submit(_run_case, case, root, tiny_pair) for case in CASES}
+    return {case_id: future.result() for case_id, future in futures.items()}
+
+
+def test_the_table_covers_every_launch_script():
+  scripts = {case[1] for case in CASES}
+  covered = {s for s in os.listdir(os.path.join(REPO, "launch"))
+             if s.endswith(".py") and not s.startswith(("_", "bench_", "xm_", "export"))}
+  assert covered <= {os.path.basename(s) for s in scripts}, covered  # export / xm_launch: their own tests
+  assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(case, outcomes):
+  result, before, after = outcomes[case[0]]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  report = f"exit {result.returncode}\n{result.stderr[-3000:]}"
+  assert result.returncode == 2, report
+  assert len(errors) == 1 and case[-1] in errors[0], report
+  assert "Traceback" not in result.stderr, report
+  assert after == before, f"left behind: {sorted(set(after) - set(before))}"
