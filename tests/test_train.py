@@ -87,7 +87,7 @@ PINNED_LOSS = -1.7150646448135376
 PINNED_GRAD_NORM = 2.0531272888183594
 
 
-@pytest.mark.parametrize("objective", ["reverse_kl_pg", "jsd"])
+@pytest.mark.parametrize("objective", ["reverse_kl_pg"])  # other objectives: tests/test_chunked.py (1 device)
 def test_eight_devices_match_one(tiny_pair, objective):
   graphdef, params, batch = _batch(tiny_pair)
   config = ObjectiveConfig(name=objective)
@@ -126,6 +126,8 @@ def _config(pair, **overrides):
   # train step on XLA:CPU) are covered by test_models and by the _step tests above.
   config.model.attention = "reference"
   config.model.scan_layers = False
+  config.train.eval_sampled = False  # one eval sampler to compile (the sampled one: test_export, test_multihost)
+  config.train.export_dtype = ""  # the export at the end of training: tests/test_export.py
   for key, value in overrides.items():
     node = config
     *parents, leaf = key.split(".")
