@@ -25,4 +25,8 @@ config.teacher, config.student = teacher, student
 config.rollout.max_new_tokens = 12
 config.rollout.weights = "int8"  # a mismatch knob, so the mismatch metrics are nonzero and compared too
 config.train.progress_bar = False
+config.train.eval_sampled = False  # fewer programs to compile; the sampled eval and the multi-process export
+config.train.export_dtype = ""  # are covered by tests/test_train.py and tests/test_export.py
+config.model.attention = "reference"  # as the other loop tests: fused attention / scanned layers are covered
+config.model.scan_layers = False  # by tests/test_models.py, and compile 2x slower on XLA:CPU
 train(config, workdir)

@@ -9,6 +9,7 @@ bytes of real quantized states. KV bytes per token come from `rollout.kv_cache.k
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -23,10 +24,16 @@ SHAPES_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", 
 
 
 def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-  """Dotted parameter path -> shape, without allocating the model."""
+  """Dotted parameter path -> shape, without allocating the model (cached per config: tracing an 8B model's
+  abstract init takes seconds, and capacity tables ask for each model once per recipe)."""
+  return dict(_parameter_shapes(config))
+
+
+@functools.lru_cache(maxsize=32)
+def _parameter_shapes(config: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
   abstract = nnx.eval_shape(lambda: Decoder(config))
-  return {".".join(map(str, path)): tuple(v.get_value().shape)
-          for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+  return tuple((".".join(map(str, path)), tuple(v.get_value().shape))
+               for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param)))
 
 
 def weight_bytes(config: ModelConfig, rules: precision.Rules, native_bytes: int = 2) -> int:
