@@ -264,7 +264,8 @@ def train(config, workdir: str) -> dict:
                                    initial_version=start_step, initial_params=copy(state.params))
     # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
     pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
-    final, skipped_in_a_row, warned_truncation = {}, 0, False
+    final, warned_truncation = {}, False
+    skip_guard = _SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     for step in range(start_step, t.steps):
       if asynchronous is not None:
         produced = asynchronous.get()
@@ -274,17 +275,7 @@ def train(config, workdir: str) -> dict:
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
       state, metrics = step_fn(state, produced.batch, teacher_state)
-      # A skipped (non-finite) update leaves the state as it was; read at once so a diverged run stops early.
-      if float(metrics["skipped"]):
-        skipped_in_a_row += 1
-        writer.warn(f"step {step + 1} skipped: non-finite loss or gradient ({skipped_in_a_row} in a row; the run "
-                    f"stops at train.max_skipped_steps={t.max_skipped_steps})")
-        if skipped_in_a_row >= t.max_skipped_steps:
-          raise TrainingStopped(f"{skipped_in_a_row} consecutive steps (up to step {step + 1}) had a non-finite "
-                                "loss or gradient and were skipped; the last good checkpoint is kept in "
-                                f"{checkpointer.directory}. Lower optimizer.learning_rate or check the data")
-      else:
-        skipped_in_a_row = 0
+      skip_guard.observe(step + 1, metrics["skipped"])
       metrics["rollout/version_lag"] = step - produced.version
       pending.append(metrics)
       interval_tokens += produced.batch.mask_BxR.sum()
@@ -326,6 +317,7 @@ def train(config, workdir: str) -> dict:
                            "staleness_steps": rollout.staleness_steps})
       if stopping:
         break
+    skip_guard.flush()
     if t.export_dtype and start_step < t.steps and new_version == t.steps:  # the student as an HF checkpoint
       export_student(graphdef, state.params, config.student, os.path.join(workdir, "export"),
                      config.tokenizer or None, dtype=t.export_dtype)
@@ -338,6 +330,37 @@ def train(config, workdir: str) -> dict:
       writer.close()
     lock.release()
   return final
+
+
+class _SkipGuard:
+  """Counts consecutive skipped (non-finite) updates, warns on each, and stops the run at `limit` in a row.
+
+  A skipped update leaves the state as it was. Each step's flag is read one step late, after the next step was
+  dispatched, so the host never waits on the step it just launched.
+  """
+
+  def __init__(self, limit: int, warn, checkpoint_dir: str):
+    self.limit, self.warn, self.checkpoint_dir = limit, warn, checkpoint_dir
+    self.in_a_row, self._pending = 0, None
+
+  def observe(self, step: int, skipped: jax.Array) -> None:
+    self.flush()
+    self._pending = (step, skipped)
+
+  def flush(self) -> None:
+    if self._pending is None:
+      return
+    (step, skipped), self._pending = self._pending, None
+    if not float(skipped):
+      self.in_a_row = 0
+      return
+    self.in_a_row += 1
+    self.warn(f"step {step} skipped: non-finite loss or gradient ({self.in_a_row} in a row; the run stops at "
+              f"train.max_skipped_steps={self.limit})")
+    if self.in_a_row >= self.limit:
+      raise TrainingStopped(f"{self.in_a_row} consecutive steps (up to step {step}) had a non-finite loss or "
+                            f"gradient and were skipped; the last good checkpoint is kept in {self.checkpoint_dir}. "
+                            "Lower optimizer.learning_rate or check the data")
 
 
 def _average(rows: list[dict]) -> dict:
