@@ -38,7 +38,8 @@ def main(argv):
     final = _cli.run_or_exit(lambda: train(config, workdir))
   except TrainingStopped as e:
     _cli.fail(e, code=1)
-  exported = f"; student exported to {workdir}/export" if config.train.export_dtype else ""
+  finished = config.train.export_dtype and not config.train.stop_after_steps  # the export is written at the end
+  exported = f"; student exported to {workdir}/export" if finished else ""
   print(f"done: {workdir}/metrics.jsonl; final held-out accuracy {final.get('eval/accuracy', float('nan')):.3f}"
         f"{exported}")
 

@@ -28,7 +28,6 @@ SAMPLE = ("launch/sample.py", "--prompt_ids=3,4", "--max_new_tokens=4", "--json"
 CASES = [
     # train.py: flags and config files
     ("train_unknown_field", *TRAIN, "--config.train.stepz=5", "--config.train.stepz=5: the config has no field"),
-    ("train_unknown_section", *TRAIN, "--config.trian.steps=5", "no field 'trian'"),
     ("train_missing_config", "launch/train.py", "--config=configs/nope.py", "--workdir={d}/run",
      "'configs/nope.py' does not exist"),
     ("train_bad_int", *TRAIN, "--config.train.steps=abc", "--config.train.steps=abc"),
@@ -41,18 +40,12 @@ CASES = [
     ("train_positional", *TRAIN, "extra", "unexpected argument 'extra'"),
     # train.py: config fields
     ("train_objective", *TRAIN, "--config.objective.name=kl", "objective.name 'kl' is unknown"),
-    ("train_mode", *TRAIN, "--config.train.mode=fast", "train.mode"),
     ("train_prompt_tokens", *TRAIN, "--config.data.max_prompt_tokens=0", "data.max_prompt_tokens"),
-    ("train_lr", *TRAIN, "--config.optimizer.learning_rate=-1.0", "optimizer.learning_rate"),
     ("train_weights", *TRAIN, "--config.rollout.weights=int3", "int3"),
-    ("train_positions", *TRAIN, "--config.rollout.max_new_tokens=300", "max_position_embeddings"),
     ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
     # train.py: files
-    ("train_teacher_missing", *TRAIN, "--config.teacher=/no/such/dir", "/no/such/dir"),
     ("train_workdir_file", "launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/file",
      "is a file"),
-    ("train_workdir_under_file", "launch/train.py", "--config=configs/pair1.py:runlocal",
-     "--workdir={d}/file/run", "which is a file"),
     ("train_config_list", *TRAIN, "--config.teacher={teacher}", "--config.student={bad}", "holds a JSON list"),
     ("train_truncated_weights", *TRAIN, "--config.teacher={teacher}", "--config.student={bad}", "model.safetensors"),
     ("train_nan_weights", *TRAIN, "--config.teacher={teacher}", "--config.student={bad}", "non-finite"),
@@ -63,11 +56,8 @@ CASES = [
     # sample.py
     ("sample_missing", *SAMPLE, "--checkpoint=/no/such/dir", "does not exist"),
     ("sample_no_checkpoint", *SAMPLE, "--checkpoint is required"),
-    ("sample_no_prompt", "launch/sample.py", "--checkpoint={student}", "--json", "exactly one of --prompt"),
     ("sample_prompt_ids", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=a,b", "--json",
      "--prompt_ids must be comma-separated integers"),
-    ("sample_prompt_range", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=999", "--json",
-     "--prompt_ids must be non-empty ids"),
     ("sample_unknown_character", "launch/sample.py", "--checkpoint={student}", "--prompt=12*3", "--json",
      "outside the tokenizer's vocabulary: '*'"),
     ("sample_positions", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=3", "--max_new_tokens=99999",
@@ -86,10 +76,7 @@ CASES = [
     ("calibrate_holdout", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json", "--holdout=nope",
      "--holdout names points"),
     ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
-    ("calibrate_no_results", "launch/calibrate.py", "--out={d}/b.json", "--results is required"),
     # admit.py (the budget is checked before anything is measured)
-    ("admit_budget_missing", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/none.json",
-     "does not exist"),
     ("admit_budget_list", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
      "holds a JSON list"),
     ("admit_budget_keys", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/nokeys.json", "'budgets'"),
@@ -100,8 +87,6 @@ CASES = [
     # report.py
     ("report_budget_truncated", "launch/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
      "--out={d}/report", "budget file"),
-    ("report_results_missing", "launch/report.py", "--results={d}/none.jsonl", "--out={d}/report",
-     "does not exist"),
     ("report_out_file", "launch/report.py", "--results={d}/ok.jsonl", "--out={d}/file", "is a file"),
     ("report_validation_list", "launch/report.py", "--results={d}/ok.jsonl", "--validation={d}/list.json",
      "--out={d}/report", "holds a JSON list"),

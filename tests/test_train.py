@@ -142,20 +142,6 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
-def test_train_writes_metrics_and_checkpoints(tiny_pair, tmp_path):
-  final = train(_config(tiny_pair), str(tmp_path))
-  rows = _rows(tmp_path)
-  assert all("step" in r for r in rows)
-  evals = [r for r in rows if "eval/accuracy" in r]
-  assert [r["step"] for r in evals] == [0, 3, 6] and final["eval/accuracy"] == evals[-1]["eval/accuracy"]
-  train_rows = [r for r in rows if "loss" in r]
-  assert [r["step"] for r in train_rows] == [2, 4, 6]
-  assert {"mismatch/k3", "mismatch_vocab/kl_sampler_learner", "opd/reverse_kl", "perf/tokens_per_s"} <= set(
-      train_rows[0])
-  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
-  assert os.listdir(tmp_path / "tensorboard")
-
-
 def _damage_arrays(checkpoints_dir: str, step: int) -> None:
   """Truncates every array data file of checkpoint `step` to half, as a copy cut short would."""
   for root, _, names in os.walk(os.path.join(checkpoints_dir, str(step), "arrays")):
@@ -168,7 +154,18 @@ def _damage_arrays(checkpoints_dir: str, step: int) -> None:
 
 def test_resume_falls_back_past_a_damaged_checkpoint_and_reproduces_the_run(tiny_pair, tmp_path, capfd):
   overrides = {"rollout.staleness_steps": 1, "rollout.weights": "int8"}
-  train(_config(tiny_pair, **overrides), str(tmp_path / "full"))
+  final = train(_config(tiny_pair, **overrides), str(tmp_path / "full"))
+  # The uninterrupted run: metrics rows, evaluations, checkpoints, TensorBoard, mismatch split by source.
+  rows = _rows(tmp_path / "full")
+  evals = [r for r in rows if "eval/accuracy" in r]
+  assert [r["step"] for r in evals] == [0, 3, 6] and final["eval/accuracy"] == evals[-1]["eval/accuracy"]
+  train_rows = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in train_rows] == [2, 4, 6]
+  assert {"mismatch_vocab/kl_sampler_learner", "opd/reverse_kl", "perf/tokens_per_s"} <= set(train_rows[0])
+  assert all(r["mismatch/k3"] > 0 for r in train_rows) and train_rows[-1]["rollout/version_lag"] == 1
+  assert train_rows[-1]["mismatch_split/precision_k3"] > 0 and train_rows[-1]["mismatch_split/staleness_k3"] > 0
+  assert sorted(os.listdir(tmp_path / "full" / "checkpoints")) == ["3", "6"]
+  assert os.listdir(tmp_path / "full" / "tensorboard")
   resumed_dir = tmp_path / "resumed"
   train(_config(tiny_pair, **overrides, **{"train.stop_after_steps": 4}), str(resumed_dir))
   assert sorted(os.listdir(resumed_dir / "checkpoints")) == ["3", "4"]
@@ -207,14 +204,6 @@ def test_run_stops_after_max_skipped_steps(tiny_pair, tmp_path, capfd):
   err = capfd.readouterr().err
   assert err.count("non-finite loss or gradient") == 2
   assert not os.path.exists(tmp_path / "export")
-
-
-def test_mismatch_knobs_log_nonzero_split(tiny_pair, tmp_path):
-  train(_config(tiny_pair, **{"rollout.weights": "fp8", "rollout.staleness_steps": 2}), str(tmp_path))
-  rows = [r for r in _rows(tmp_path) if "loss" in r]
-  assert all(r["mismatch/k3"] > 0 for r in rows)
-  assert rows[-1]["rollout/version_lag"] == 2
-  assert rows[-1]["mismatch_split/precision_k3"] > 0 and rows[-1]["mismatch_split/staleness_k3"] > 0
 
 
 def test_async_mode_bounds_staleness(tiny_pair, tmp_path):
