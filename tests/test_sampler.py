@@ -1,5 +1,7 @@
 """Sampler: greedy parity with transformers' generate, log-prob parity with the learner, filtering, sharding."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +11,11 @@ from flax import nnx
 
 from opd_jax.models import load_pretrained
 from opd_jax.objectives.logprobs import response_logits, token_logprobs
+from opd_jax.rollout import placement
+from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.kv_cache import KVCache
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, choose_tokens, left_pad
+from opd_jax.rollout.weight_sync import WeightSync
 from tests import checkpoints
 
 EOS, PAD = 2, 0
@@ -82,23 +87,75 @@ def test_top_k_top_p_logprobs_are_renormalized():
       np.testing.assert_allclose(np.exp(np.asarray(logps)[np.asarray(tokens) == t]), p, rtol=1e-5)
 
 
-def test_sampler_runs_sharded_over_eight_devices(tiny_checkpoints):
+@pytest.mark.parametrize("tensor_parallel,kv_dtype", [(2, "native"), (4, "fp8")])
+def test_sampler_on_its_own_mesh_matches_one_device(tiny_checkpoints, tensor_parallel, kv_dtype):
+  """Explicit shardings on a (data x tensor) inference mesh: outputs over rows, the weights tensor-parallel,
+  the same tokens as one device (qwen3: 2 KV heads, so tensor=4 leaves the cache's head axis replicated)."""
   assert jax.device_count() == 8
-  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-  model = load_pretrained(tiny_checkpoints["llama"])
+  model = load_pretrained(tiny_checkpoints["qwen3"])
   graphdef, state = nnx.split(model)
   prompts = [[5 + i, 6, 7 + (i % 3)] for i in range(16)]
   tokens, valid = left_pad(prompts, PAD)
-  config = SamplingConfig(max_new_tokens=8, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, decode_chunk=3)
-  sampler = Sampler(graphdef, config)
-  batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-  sharded = sampler(jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
-                    jax.device_put(tokens, batch_sharding), jax.device_put(valid, batch_sharding),
-                    jax.random.key(5))
-  assert sharded.tokens_BxN.sharding.spec[0] == "data"
-  single = sampler(state, tokens, valid, jax.random.key(5))
+  config = SamplingConfig(max_new_tokens=8, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, decode_chunk=3,
+                          kv_dtype=kv_dtype)
+  mesh = placement.sampler_mesh(jax.devices(), tensor_parallel)
+  sync = WeightSync(RolloutConfig(), state, mesh, jnp.float32)
+  sampler = Sampler(graphdef, config, mesh=mesh, state_shardings=sync.shardings)
+  sampler_state = sync(state, 0)
+  q_spec = sampler_state["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value().sharding.spec
+  assert tuple(q_spec) == (None, "tensor")
+  put = lambda x: jax.device_put(x, sampler.batch_sharding)
+  sharded = sampler(sampler_state, put(tokens), put(valid), jax.random.key(5))
+  assert sharded.tokens_BxN.sharding.spec[0] == ("data", "fsdp")
+  single = Sampler(graphdef, config)(state, tokens, valid, jax.random.key(5))
   np.testing.assert_array_equal(sharded.tokens_BxN, single.tokens_BxN)
   np.testing.assert_allclose(sharded.logprobs_BxN, single.logprobs_BxN, atol=1e-5)
+
+
+def _prefill_rows(sampler, *args) -> set[int]:
+  """Row counts of the [rows, P, ...] activations the compiled program's prefill computes (from its jaxpr)."""
+  P = args[1].shape[1]
+  rows = set()
+
+  def visit(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        shape = eqn.outvars[0].aval.shape
+        if len(shape) == 3 and shape[1] == P:
+          rows.add(shape[0])
+      for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
+        visit(sub)
+      for param in eqn.params.values():
+        for inner in param if isinstance(param, (tuple, list)) else (param,):
+          if hasattr(inner, "jaxpr"):
+            visit(getattr(inner.jaxpr, "jaxpr", inner.jaxpr))
+
+  visit(jax.make_jaxpr(sampler._fn)(*args).jaxpr)
+  return rows
+
+
+def test_group_sampling_prefills_each_prompt_once_and_equals_repeated_prompts(tiny_checkpoints):
+  kv_dtype = "int8"  # the repeated cache carries its scales too
+  model = load_pretrained(tiny_checkpoints["qwen3"])
+  graphdef, state = nnx.split(model)
+  n = 4
+  tokens, valid = left_pad([p for p in PROMPTS for _ in range(n)], PAD)  # 3 prompts x 4 samples
+  outs, rows = [], []
+  for samples_per_prompt in (1, n):
+    config = SamplingConfig(max_new_tokens=10, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, kv_dtype=kv_dtype,
+                            samples_per_prompt=samples_per_prompt, decode_chunk=4)
+    sampler = Sampler(graphdef, config)
+    outs.append(sampler(state, tokens, valid, jax.random.key(9)))
+    rows.append(_prefill_rows(sampler, state, tokens, valid, jax.random.key(9)))
+  assert rows == [{12}, {3}]  # the prefill's matmuls run over 12 rows, then over the 3 distinct prompts
+  np.testing.assert_array_equal(outs[0].tokens_BxN, outs[1].tokens_BxN)
+  np.testing.assert_array_equal(outs[0].mask_BxN, outs[1].mask_BxN)
+  # A 3-row prefill sums in another order than a 12-row one; an int8 KV value that sits on a rounding edge
+  # can then round the other way (native KV: equal to 1e-5).
+  np.testing.assert_allclose(outs[0].logprobs_BxN, outs[1].logprobs_BxN, atol=5e-3)
+  assert len({tuple(r) for r in np.asarray(outs[1].tokens_BxN)[:n]}) > 1  # a group's samples differ
+  with pytest.raises(ValueError, match="samples_per_prompt=5"):
+    Sampler(graphdef, dataclasses.replace(config, samples_per_prompt=5))(state, tokens, valid, jax.random.key(9))
 
 
 @pytest.mark.parametrize("kv_dtype", ["native", "int8"])

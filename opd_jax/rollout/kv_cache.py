@@ -132,6 +132,14 @@ class KVCache:
     valid_BxS = jnp.pad(self.valid_BxS, [(0, 0), (0, slots - self.slots)])
     return self.replace(layers=[layer.grow(slots) for layer in self.layers], valid_BxS=valid_BxS)
 
+  def repeat_rows(self, n: int) -> "KVCache":
+    """Each row repeated n times in place (row g -> rows g*n .. g*n + n - 1): a prompt's cache for its group."""
+    rep = lambda x: None if x is None else jnp.repeat(x, n, axis=0)
+    layers = [dataclasses.replace(layer, k_BxKxHxS=rep(layer.k_BxKxHxS), v_BxKxSxH=rep(layer.v_BxKxSxH),
+                                  k_scale_BxKx1xS=rep(layer.k_scale_BxKx1xS), v_scale_BxKxSx1=rep(layer.v_scale_BxKxSx1))
+              for layer in self.layers]
+    return self.replace(layers=layers, valid_BxS=rep(self.valid_BxS))
+
   @classmethod
   def init(cls, *, batch: int, slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
            compute_dtype, kv_dtype: str = "native") -> "KVCache":

@@ -1,6 +1,7 @@
 """Batched autoregressive sampler: one jitted prefill + XLA while-loop decoding over a KV cache.
 
-Legend: B batch, P prompt length (left-padded), N max new tokens, V vocab, K returned top logits.
+Legend: B batch, G distinct prompts (B / samples_per_prompt), P prompt length (left-padded), N max new
+tokens, V vocab, K returned top logits.
 
 Decoding runs as a few while-loops in one jitted program (see `SamplingConfig.decode_chunk`); before each,
 the cache grows to exactly the slots that loop fills, so attention never reads slots that are still empty.
@@ -13,6 +14,15 @@ Returned log-probs are of the distribution each token was actually drawn from: l
 logits / temperature after top-k and top-p filtering (renormalized over the kept tokens). With temperature 0
 (greedy) they are the plain log-softmax of the logits. The response mask is 1 for every generated token up
 to and including the first EOS; later slots hold `pad_id`, log-prob 0 and mask 0.
+
+Groups: with `samples_per_prompt = n`, rows come in consecutive groups of n that share one prompt (OPD with
+several samples per prompt, GRPO's groups). Each distinct prompt is prefilled once and its KV cache and last
+logits are repeated to the n rows, so the prefill costs G = B / n rows instead of B; decoding then runs over
+all B rows. Under the same key the outputs equal those of prefilling every row (tests/test_sampler.py).
+
+Shardings: given a mesh (the sampler's own, see rollout.placement), the program is jitted with explicit
+shardings -- weights on the inference layout, prompts and outputs over batch rows -- and the KV cache is
+pinned to rows x KV heads inside the decode loop. Without one, shardings follow the inputs.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from opd_jax.errors import InputError
 from opd_jax.rollout.kv_cache import KVCache, check_kv_dtype
+from opd_jax.rollout.placement import constrain_cache as placement_constrain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +54,7 @@ class SamplingConfig:
   # attention reads every slot it is given (at 128 new tokens this is 10-15% faster on CPU). Every loop is
   # compiled separately. 0 = automatic: max(32, ceil(max_new_tokens / 4)), i.e. at most four loops.
   decode_chunk: int = 0
+  samples_per_prompt: int = 1  # rows come in groups of this many sharing one prompt, prefilled once per group
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -52,6 +65,8 @@ class SamplingConfig:
       raise InputError(f"decode_chunk must be >= 0, got {self.decode_chunk}")
     if self.top_k < 0 or not 0 < self.top_p <= 1:
       raise InputError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={self.top_k}, top_p={self.top_p}")
+    if self.samples_per_prompt < 1:
+      raise InputError(f"samples_per_prompt must be >= 1, got {self.samples_per_prompt}")
     check_kv_dtype(self.kv_dtype)
 
 
@@ -96,18 +111,33 @@ def choose_tokens(logits_BxV: jax.Array, key: jax.Array, config: SamplingConfig)
   return token_B.astype(jnp.int32), logp_B
 
 
-def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
-  model = nnx.merge(graphdef, state)
+def _prefill(model, config: SamplingConfig, prompt_BxP, prompt_valid_BxP, pin):
+  """(last-position logits_Bx1xV, cache over the P prompt slots), prefilling each group's prompt once."""
   mc = model.config
+  B, P = prompt_BxP.shape
+  n = config.samples_per_prompt
+  if B % n:
+    raise InputError(f"batch of {B} rows is not a whole number of groups of samples_per_prompt={n}")
+  prompt_GxP, valid_GxP = prompt_BxP[::n], prompt_valid_BxP[::n]  # the first row of each group
+  cache = pin(KVCache.init(batch=B // n, slots=P, num_layers=mc.num_hidden_layers,
+                           num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+                           compute_dtype=model.dtype, kv_dtype=config.kv_dtype))
+  positions_GxP = jnp.maximum(jnp.cumsum(valid_GxP, axis=1) - 1, 0)
+  logits_Gx1xV, cache = model(prompt_GxP, positions_GxP, valid_GxP, cache=cache, cache_index=0,
+                              logits_span=(P - 1, P))
+  if n == 1:
+    return logits_Gx1xV, cache
+  return jnp.repeat(logits_Gx1xV, n, axis=0), pin(cache.repeat_rows(n))
+
+
+def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt_BxP, prompt_valid_BxP,
+              key) -> SampleOutput:
+  model = nnx.merge(graphdef, state)
   B, P = prompt_BxP.shape
   N = config.max_new_tokens
   prompt_valid_BxP = prompt_valid_BxP.astype(bool)
-  cache = KVCache.init(batch=B, slots=P, num_layers=mc.num_hidden_layers,
-                       num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
-                       compute_dtype=model.dtype, kv_dtype=config.kv_dtype)
-  positions_BxP = jnp.maximum(jnp.cumsum(prompt_valid_BxP, axis=1) - 1, 0)
-  logits_Bx1xV, cache = model(prompt_BxP, positions_BxP, prompt_valid_BxP, cache=cache, cache_index=0,
-                              logits_span=(P - 1, P))
+  pin = (lambda cache: cache) if mesh is None else (lambda cache: placement_constrain(cache, mesh))
+  logits_Bx1xV, cache = _prefill(model, config, prompt_BxP, prompt_valid_BxP, pin)
   prompt_len_B = jnp.sum(prompt_valid_BxP, axis=1)
   eos_E = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
   K = min(config.logits_top_k, logits_Bx1xV.shape[-1])
@@ -142,6 +172,7 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
     positions_Bx1 = (prompt_len_B + t - 1)[:, None]
     logits_Bx1xV, cache = model(fed_B[:, None], positions_Bx1, fed_valid_B[:, None], cache=cache,
                                 cache_index=P + t - 1)
+    cache = pin(cache)
     key, step_key = jax.random.split(key)
     buffers, done_B = emit(t, logits_Bx1xV[:, 0], step_key, buffers, done_B)
     return t + 1, cache, key, buffers, done_B
@@ -152,7 +183,7 @@ def _generate(graphdef, config: SamplingConfig, state, prompt_BxP, prompt_valid_
   for stop in [*range(1 + chunk, N, chunk), N]:
     t, cache, key, buffers, done_B = carry
     carry = jax.lax.while_loop(functools.partial(cond, stop), body,
-                               (t, cache.grow(P + stop - 1), key, buffers, done_B))
+                               (t, pin(cache.grow(P + stop - 1)), key, buffers, done_B))
   buffers = carry[3]
   tokens, logps, mask, top_vals, top_ids = buffers
   return SampleOutput(tokens, mask, logps, top_vals, top_ids)
@@ -162,12 +193,22 @@ class Sampler:
   """Jit-compiled generation for one model architecture; call with any parameter state of that graph.
 
   `Sampler(graphdef, config)(state, prompt_BxP, prompt_valid_BxP, key)` -> SampleOutput. The state may
-  hold quantized weights (see rollout.precision); shardings follow the inputs.
+  hold quantized weights (see rollout.precision). With `mesh` and `state_shardings` (the sampler's own mesh and
+  its weights' inference layout, see rollout.placement / rollout.weight_sync) every input and output has an
+  explicit sharding; without them shardings follow the inputs.
   """
 
-  def __init__(self, graphdef, config: SamplingConfig):
-    self.graphdef, self.config = graphdef, config
-    self._fn = jax.jit(functools.partial(_generate, graphdef, config))
+  def __init__(self, graphdef, config: SamplingConfig, *, mesh: Mesh | None = None, state_shardings=None):
+    self.graphdef, self.config, self.mesh = graphdef, config, mesh
+    fn = functools.partial(_generate, graphdef, config, mesh)
+    if mesh is None:
+      self._fn = jax.jit(fn)
+      return
+    rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    top = rows if config.logits_top_k else None
+    self.batch_sharding = rows
+    self._fn = jax.jit(fn, in_shardings=(state_shardings, rows, rows, NamedSharding(mesh, PartitionSpec())),
+                       out_shardings=SampleOutput(rows, rows, rows, top, top))
 
   def __call__(self, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
     return self._fn(state, prompt_BxP, prompt_valid_BxP, key)
