@@ -86,6 +86,14 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.rollout.top_k = 0  # 0 = off
   c.rollout.top_p = 1.0  # 1 = off
   c.rollout.max_new_tokens = 64  # response budget; the embedded task needs <= 64
+  # Rollout engine layout and memory (README "Scaling the rollout engine"); none of these changes a number.
+  c.rollout.placement = "colocated"  # colocated (time-share all devices) | disaggregated (sampler on its own)
+  c.rollout.devices = 0  # disaggregated: the first N devices form the sampler's mesh, the learner the rest
+  c.rollout.tensor_parallel = 1  # sampler mesh tensor axis (weights over heads / MLP / vocab, KV over heads)
+  c.rollout.snapshots_on = "device"  # staleness snapshots, kept at the recipe's precision: device | host
+  c.rollout.samples_per_prompt = 1  # responses per distinct prompt (prefilled once); grpo uses group_size
+  c.rollout.split_mismatch = True  # lagged runs: also keep the dense learner version to split precision vs
+  #                                  staleness in the metrics (one learner-dtype copy per lag; off at scale)
 
   c.objective = ml_collections.ConfigDict()  # see opd_jax/objectives/losses.py
   c.objective.name = "reverse_kl_pg"  # reverse_kl_pg | reverse_kl | forward_kl | jsd | *_topk | grpo (RL baseline)
@@ -118,6 +126,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.resume = True  # continue from the newest checkpoint in workdir when one exists
   c.train.stop_after_steps = 0  # end this process (checkpointed) after this many steps; 0 = run to train.steps
+  c.train.target_accuracy = 0.0  # end the run (checkpointed) at the first evaluation with greedy accuracy >= this
   c.train.vocab_metrics_top_k = 64  # sampler top-k log-probs for vocab mismatch metrics; -1 = full vocab, 0 = off
   # Tokens (rows x positions) per vocabulary chunk of logits, losses, metrics and scores: a float32 chunk of
   # logits is logits_chunk x vocab x 4 bytes (0.3 GB at 512 x 151,936); 0 = whole batch at once.

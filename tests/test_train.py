@@ -206,11 +206,33 @@ def test_run_stops_after_max_skipped_steps(tiny_pair, tmp_path, capfd):
   assert not os.path.exists(tmp_path / "export")
 
 
-def test_async_mode_bounds_staleness(tiny_pair, tmp_path):
-  train(_config(tiny_pair, **{"train.mode": "async", "train.max_staleness": 2}), str(tmp_path))
-  rows = [r for r in _rows(tmp_path) if "loss" in r]
-  assert [r["step"] for r in rows] == [2, 4, 6]
-  assert all(0 <= r["rollout/version_lag"] <= 2 for r in rows)
+def test_disaggregated_async_on_four_plus_four_devices_logs_and_resumes(tiny_pair, tmp_path, monkeypatch):
+  """The sampler on devices 0-3 (fp8 weights, fp8 KV, 4 samples per prompt), the learner on 4-7, rollouts
+  produced ahead with bounded staleness; a stopped run resumes and logs the same bookkeeping."""
+  seen = []
+  produce = RolloutProducer.produce
+
+  def recording_produce(self, index, version, snapshot, prompts):
+    devices = frozenset(d.id for leaf in jax.tree.leaves(snapshot["sampler"]) for d in leaf.devices())
+    seen.append((index, version, devices))
+    return produce(self, index, version, snapshot, prompts)
+
+  monkeypatch.setattr(RolloutProducer, "produce", recording_produce)
+  overrides = {"train.mode": "async", "train.max_staleness": 2, "rollout.placement": "disaggregated",
+               "rollout.devices": 4, "rollout.weights": "fp8", "rollout.kv_cache": "fp8",
+               "rollout.samples_per_prompt": 4}
+  train(_config(tiny_pair, **overrides, **{"train.stop_after_steps": 4}), str(tmp_path))
+  assert max(r["step"] for r in _rows(tmp_path)) == 4
+  train(_config(tiny_pair, **overrides), str(tmp_path))  # resumes at step 4
+  rows = _rows(tmp_path)
+  train_rows = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in train_rows] == [2, 4, 6]
+  assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 3, 6]
+  assert all(0 <= r["rollout/version_lag"] <= 2 and r["mismatch/k3"] > 0 for r in train_rows)
+  assert train_rows[-1]["mismatch_split/precision_k3"] > 0  # the dense copy of each version scored the batch
+  assert {devices for _, _, devices in seen} == {frozenset({0, 1, 2, 3})}
+  assert all(index - 2 <= version <= index for index, version, _ in seen)  # bounded staleness, as consumed
+  assert {index for index, _, _ in seen} >= {0, 1, 2, 3, 4, 5}  # the resumed producer starts at batch 4
 
 
 def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair):
@@ -220,11 +242,12 @@ def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair
   rollout = RolloutConfig(max_new_tokens=8)
   even_first_token = lambda index_B, tokens, mask: (tokens[:, 0] % 2 == 0).astype(np.float32)
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=t_graphdef, teacher_state=t_state,
-                             rollout=rollout, sampler=Sampler(graphdef, rollout.sampling(eos_ids=(1,), pad_id=0)),
+                             rollout=rollout,
+                             sampler=Sampler(graphdef, rollout.sampling(eos_ids=(1,), pad_id=0, samples_per_prompt=4)),
                              objective=ObjectiveConfig(name="grpo", group_size=4), put_batch=jnp.asarray, seed=0,
                              reward_fn=even_first_token, group_size=4)
   prompts, valid = left_pad([[5, 6, 7], [8, 9]], 0)
-  batch = producer.produce(0, 0, params, {"prompt_BxP": prompts, "prompt_valid_BxP": valid,
+  batch = producer.produce(0, 0, {"sampler": params}, {"prompt_BxP": prompts, "prompt_valid_BxP": valid,
                                           "index_B": np.array([7, 9])})
   np.testing.assert_array_equal(batch.prompt_BxP, np.repeat(prompts, 4, axis=0))
   reward = (np.asarray(batch.response_BxR[:, 0]) % 2 == 0).astype(np.float32)
@@ -254,7 +277,13 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"objective.name": "grpo", "objective.group_size": 3}, "not divisible by objective.group_size=3"),
+    ({"objective.name": "grpo", "objective.group_size": 3}, "not divisible by the 3 responses per prompt"),
+    ({"objective.name": "grpo", "objective.group_size": 4, "rollout.samples_per_prompt": 2},
+     "rollout.samples_per_prompt=2 disagrees"),
+    ({"rollout.placement": "disaggregated", "rollout.devices": 8}, r"needs 1 <= rollout.devices < 8"),
+    ({"rollout.devices": 4}, "only applies to rollout.placement='disaggregated'"),
+    ({"rollout.tensor_parallel": 3}, "rollout.tensor_parallel=3 does not divide the sampler's 8 devices"),
+    ({"rollout.snapshots_on": "disk"}, "rollout.snapshots_on"),
     ({"objective.name": "kl"}, "objective.name 'kl' is unknown"),
     ({"train.batch_size": 12}, r"train.batch_size=12 is not divisible by the mesh's batch ways data\*fsdp=8\*1"),
     ({"rollout.kv_cache": "int4"}, "kv cache dtype 'int4'"),

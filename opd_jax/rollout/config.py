@@ -13,6 +13,7 @@ from opd_jax.rollout import kv_cache, noise, precision
 from opd_jax.rollout.sampler import SamplingConfig
 
 NOISE_ORDERS = ("before_quant", "after_quant")
+SNAPSHOT_PLACES = ("device", "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,13 @@ class RolloutConfig:
   top_k: int = 0
   top_p: float = 1.0
   max_new_tokens: int = 64
+  # The rollout engine's layout and memory (rollout.placement, rollout.weight_sync); none changes a number.
+  placement: str = "colocated"  # colocated | disaggregated
+  devices: int = 0  # disaggregated: devices of the sampler's own mesh (the learner keeps the rest)
+  tensor_parallel: int = 1  # sampler mesh tensor axis (heads / MLP / vocabulary); data = its devices / this
+  snapshots_on: str = "device"  # staleness snapshots (at the recipe's precision) on: device | host
+  samples_per_prompt: int = 1  # responses per distinct prompt; the prompt is prefilled once per group
+  split_mismatch: bool = True  # keep a dense learner copy per lagged version to split precision vs staleness
 
   def __post_init__(self):
     object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules))
@@ -38,6 +46,21 @@ class RolloutConfig:
       raise InputError(f"rollout.noise_sigma must be >= 0, got {self.noise_sigma!r}")
     if self.noise_order not in NOISE_ORDERS:
       raise InputError(f"rollout.noise_order must be one of {NOISE_ORDERS}, got {self.noise_order!r}")
+    from opd_jax.rollout.placement import PLACEMENTS
+    if self.placement not in PLACEMENTS:
+      raise InputError(f"rollout.placement must be one of {PLACEMENTS}, got {self.placement!r}")
+    if self.placement == "disaggregated" and (not isinstance(self.devices, int) or self.devices < 1):
+      raise InputError(f"rollout.placement='disaggregated' needs rollout.devices >= 1 (the sampler's devices), "
+                       f"got {self.devices!r}")
+    if self.placement == "colocated" and self.devices:
+      raise InputError(f"rollout.devices={self.devices} only applies to rollout.placement='disaggregated'; "
+                       "set the placement or leave rollout.devices=0")
+    if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
+      raise InputError(f"rollout.tensor_parallel must be an integer >= 1, got {self.tensor_parallel!r}")
+    if self.snapshots_on not in SNAPSHOT_PLACES:
+      raise InputError(f"rollout.snapshots_on must be one of {SNAPSHOT_PLACES}, got {self.snapshots_on!r}")
+    if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
+      raise InputError(f"rollout.samples_per_prompt must be an integer >= 1, got {self.samples_per_prompt!r}")
     self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens
 
   @classmethod
@@ -67,10 +90,12 @@ class RolloutConfig:
     return (not self.changes_weights and self.kv_cache == "native" and self.staleness_steps == 0
             and self.top_k == 0 and self.top_p == 1.0)
 
-  def sampling(self, *, eos_ids: tuple[int, ...], pad_id: int, logits_top_k: int = 0) -> SamplingConfig:
+  def sampling(self, *, eos_ids: tuple[int, ...], pad_id: int, logits_top_k: int = 0,
+               samples_per_prompt: int | None = None) -> SamplingConfig:
+    """samples_per_prompt: the group size rows come in (default: this config's; GRPO passes its group_size)."""
     return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, eos_ids=tuple(eos_ids), pad_id=pad_id, kv_dtype=self.kv_cache,
-                          logits_top_k=logits_top_k)
+                          logits_top_k=logits_top_k, samples_per_prompt=samples_per_prompt or self.samples_per_prompt)
 
   def validate_for(self, state: nnx.State) -> None:
     """Checks the weight rules against a model's parameter paths (before any compilation)."""

@@ -49,7 +49,7 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   for i in range(burn_in + updates):
     if i >= burn_in:
       versions.append(state.params)
-    batch = producer.produce(i, i, state.params, prompts)
+    batch = producer.produce(i, i, {"sampler": state.params}, prompts)  # an exact sampler
     state, _ = step(state, batch, cal.teacher_state)
   versions.append(state.params)
   return versions

@@ -19,9 +19,11 @@ from opd_jax.models import sharding as shard_lib
 from opd_jax.models.finite import check_finite
 from opd_jax.models.tokenizer_compat import PairVocab, check_pair
 from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.rollout.snapshots import SnapshotStore
+from opd_jax.rollout.weight_sync import WeightSync
 from opd_jax.train import distributed, evaluation
 from opd_jax.train.checkpointing import Checkpointer
 from opd_jax.train.data import PromptPipeline
@@ -56,18 +58,30 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
   if not isinstance(t.max_skipped_steps, int) or t.max_skipped_steps < 1:
     raise InputError(f"train.max_skipped_steps must be a positive integer, got {t.max_skipped_steps!r}")
   _check_numbers(config)
+  if isinstance(t.target_accuracy, bool) or not isinstance(t.target_accuracy, (int, float)) or not (
+      0 <= t.target_accuracy <= 1):
+    raise InputError(f"train.target_accuracy must be a number in [0, 1] (0 = off), got {t.target_accuracy!r}")
   if t.micro_batch_size and t.batch_size % t.micro_batch_size:
     raise InputError(f"train.micro_batch_size={t.micro_batch_size} does not divide train.batch_size="
                      f"{t.batch_size}; pick a divisor (or 0 for no micro-batching)")
-  data, _, _ = shard_lib.mesh_shape(m.data, m.fsdp, m.tensor, device_count or jax.device_count())
-  group = objective.prompts_per_batch_divisor
+  learner_devices, sampler_devices = placement.split_devices(rollout.placement, rollout.devices,
+                                                             range(device_count or jax.device_count()))
+  data, _, _ = shard_lib.mesh_shape(m.data, m.fsdp, m.tensor, len(learner_devices))
+  group = response_group(rollout, objective)
   if t.batch_size % group:
-    raise InputError(f"train.batch_size={t.batch_size} is not divisible by objective.group_size={group} "
-                     "(grpo samples every prompt group_size times); change one of them")
+    raise InputError(f"train.batch_size={t.batch_size} is not divisible by the {group} responses per prompt "
+                     "(rollout.samples_per_prompt, or grpo's objective.group_size); change one of them")
   for field in ("batch_size", "eval_batch_size", "micro_batch_size"):
     if t[field] % (data * m.fsdp):
       raise InputError(f"train.{field}={t[field]} is not divisible by the mesh's batch ways "
                        f"data*fsdp={data}*{m.fsdp}; change train.{field} or mesh.data/mesh.fsdp")
+  if len(sampler_devices) % rollout.tensor_parallel:
+    raise InputError(f"rollout.tensor_parallel={rollout.tensor_parallel} does not divide the sampler's "
+                     f"{len(sampler_devices)} devices; change rollout.tensor_parallel or rollout.devices")
+  sampler_rows = len(sampler_devices) // rollout.tensor_parallel
+  if t.batch_size % sampler_rows:
+    raise InputError(f"train.batch_size={t.batch_size} is not divisible by the sampler's batch ways "
+                     f"{sampler_rows} (its devices / rollout.tensor_parallel); change one of them")
   teacher, student = read_hf_config(config.teacher), read_hf_config(config.student)  # errors name the file
   for role, model in (("teacher", teacher), ("student", student)):
     if config.data.max_prompt_tokens + rollout.max_new_tokens > model.max_position_embeddings:
@@ -85,6 +99,16 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
     raise InputError(f"train.export_dtype must be 'float32', 'bfloat16' or '' (no export), got "
                      f"{config.train.export_dtype!r}")
   return rollout, objective, vocab
+
+
+def response_group(rollout: RolloutConfig, objective: ObjectiveConfig) -> int:
+  """Responses sampled per distinct prompt: grpo's group_size, else rollout.samples_per_prompt."""
+  if objective.prompts_per_batch_divisor > 1:
+    if rollout.samples_per_prompt not in (1, objective.group_size):
+      raise InputError(f"grpo samples every prompt objective.group_size={objective.group_size} times; "
+                       f"rollout.samples_per_prompt={rollout.samples_per_prompt} disagrees (leave it at 1)")
+    return objective.group_size
+  return rollout.samples_per_prompt
 
 
 def pair_vocab(config, teacher=None, student=None) -> PairVocab:
@@ -150,10 +174,17 @@ def train(config, workdir: str) -> dict:
   if config.train.mode == "async" and jax.process_count() > 1:
     raise InputError("train.mode='async' samples on a second thread, whose cross-process collectives could "
                      "interleave differently on each process; use train.mode='sync' for multi-process runs")
+  if rollout.placement == "disaggregated" and jax.process_count() > 1:
+    raise InputError("rollout.placement='disaggregated' is single-process for now (the sampler's devices would "
+                     "belong to some processes only); use rollout.placement='colocated' for multi-process runs")
   t = config.train
-  mesh = shard_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  # Devices: the learner's mesh (data x fsdp x tensor) and the sampler's (data x tensor, inference layout).
+  learner_devices, sampler_devices = placement.split_devices(rollout.placement, rollout.devices)
+  mesh = shard_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=learner_devices)
+  sampler_mesh = placement.sampler_mesh(sampler_devices, rollout.tensor_parallel)
   batch_sharding = shard_lib.batch_sharding(mesh)
   put_batch = functools.partial(distributed.put_global, sharding=batch_sharding)
+  put_sampler_batch = functools.partial(distributed.put_global, sharding=placement.batch_sharding(sampler_mesh))
   replicated = shard_lib.replicated(mesh)
 
   # Models: the teacher is fixed (own dtypes), the student is the learner (float32 master params, compute in
@@ -171,7 +202,7 @@ def train(config, workdir: str) -> dict:
   d = config.data
   train_problems = get_problems(d.source, "train", d.train_size, d.seed, _task(config), d.train_file, d.heldout_file)
   heldout = get_problems(d.source, "heldout", t.eval_size, d.seed, _task(config), d.train_file, d.heldout_file)
-  group = objective.prompts_per_batch_divisor  # grpo: each prompt is sampled `group` times per batch
+  group = response_group(rollout, objective)  # responses per distinct prompt in a batch
   prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size // group,
                            max_prompt_tokens=d.max_prompt_tokens, seed=d.seed,
                            use_chat_template=d.use_chat_template)
@@ -191,14 +222,37 @@ def train(config, workdir: str) -> dict:
                     in_shardings=(state_shardings, batch_sharding, teacher_shardings),
                     out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
+  # Rollout engine: the sampler's weights come from the learner through one sync per version (recipe applied
+  # on the learner's devices, then resharded onto the sampler's mesh); lagged runs keep snapshots of them.
   vocab_k = student.config.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
-  sampler = Sampler(graphdef, rollout.sampling(eos_ids=eos_ids, pad_id=pad_id, logits_top_k=vocab_k))
+  weight_sync = WeightSync(rollout, state.params, sampler_mesh, student.dtype)
+  sampler = Sampler(graphdef, rollout.sampling(eos_ids=eos_ids, pad_id=pad_id, logits_top_k=vocab_k,
+                                               samples_per_prompt=group),
+                    mesh=sampler_mesh, state_shardings=weight_sync.shardings)
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
                              teacher_state=teacher_state, rollout=rollout, sampler=sampler, objective=objective,
-                             put_batch=put_batch, seed=config.seed, logits_chunk=t.logits_chunk,
-                             split_mismatch=rollout.staleness_steps > 0 or t.mode == "async",
-                             reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems) if group > 1 else None,
-                             group_size=group)
+                             put_batch=put_batch, put_sampler_batch=put_sampler_batch, learner_rows=batch_sharding,
+                             seed=config.seed, logits_chunk=t.logits_chunk,
+                             reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems)
+                             if objective.prompts_per_batch_divisor > 1 else None, group_size=group)
+  # Split the mismatch into precision/noise and staleness factors: score each batch with the dense learner
+  # version that generated it too (costs one dense copy per kept version; only when lag and knobs coexist).
+  split = (rollout.split_mismatch and (rollout.staleness_steps > 0 or t.mode == "async")
+           and (rollout.changes_weights or rollout.kv_cache != "native"))
+
+  def snapshot_of(params, version: int) -> dict:
+    """What produce() needs of one learner version; shares no buffer with `params` (the step donates them)."""
+    snapshot = {"sampler": weight_sync(params, version)}
+    if split:
+      snapshot["dense"] = jax.tree.map(jnp.copy, params)
+    return snapshot
+
+  def abstract_snapshot() -> dict:
+    snapshot = {"sampler": weight_sync.abstract}
+    if split:
+      snapshot["dense"] = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                                       state.params)
+    return snapshot
 
   # Evaluation: the student's own greedy and sampled answers, no mismatch knobs.
   eval_samplers = {"": Sampler(graphdef, SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=0.0,
@@ -220,9 +274,9 @@ def train(config, workdir: str) -> dict:
     return row
 
   # Checkpoints, snapshots, resume.
-  # Versions count loop steps (batches consumed), also across skipped non-finite updates.
-  needs_copies = rollout.staleness_steps > 0 or t.mode == "async"
-  snapshots = SnapshotStore(capacity=rollout.staleness_steps + 1)  # sync mode only
+  # Versions count loop steps (batches consumed), also across skipped non-finite updates. Sync mode with lag
+  # keeps the last staleness_steps + 1 versions' snapshots; without lag each step syncs the version it uses.
+  snapshots = SnapshotStore(capacity=rollout.staleness_steps + 1, on=rollout.snapshots_on)
   # Everything above only reads; the workdir is created here, after every input was loaded and checked.
   os.makedirs(workdir, exist_ok=True)
   lock = WorkdirLock(workdir, enabled=distributed.is_main()).acquire()  # a second trainer here exits 2 at once
@@ -237,7 +291,7 @@ def train(config, workdir: str) -> dict:
 
     def abstract_for(meta: dict):  # a run of another pair or shape is an error, never a fallback
       _check_same_run(meta, config)
-      return {"train": state, "snapshots": {str(v): state.params for v in meta["snapshot_versions"]}}
+      return {"train": state, "snapshots": snapshots.abstract(meta["snapshot_versions"], abstract_snapshot)}
 
     # Newest intact checkpoint: a damaged newer one is moved aside with a warning naming it.
     restored = checkpointer.restore_latest_intact(abstract_for) if latest is not None else None
@@ -247,9 +301,8 @@ def train(config, workdir: str) -> dict:
       prompts.set_state(restored.meta["data_state"])
       start_step = resume_step = int(restored.meta["step"])
       restored_pending = restored.meta["pending_metrics"]
-    copy = (lambda tree: jax.tree.map(jnp.copy, tree)) if needs_copies else (lambda tree: tree)
-    if t.mode == "sync" and not snapshots.versions():
-      snapshots.push(start_step, copy(state.params))
+    if t.mode == "sync" and rollout.staleness_steps and not snapshots.versions():
+      snapshots.push(start_step, snapshot_of(state.params, start_step))
 
     writer = MetricsWriter(workdir, resume_step=resume_step, total_steps=t.steps, progress_bar=t.progress_bar,
                            enabled=distributed.is_main())
@@ -261,17 +314,21 @@ def train(config, workdir: str) -> dict:
     last_data_state = prompts.get_state()  # read before a producer thread starts drawing from the pipeline
     if t.mode == "async":
       asynchronous = AsyncRollouts(producer, prompts, start_index=start_step, max_staleness=t.max_staleness,
-                                   initial_version=start_step, initial_params=copy(state.params))
+                                   initial_version=start_step, initial_snapshot=snapshot_of(state.params, start_step))
     # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
     pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
     final, warned_truncation = {}, False
+    loop_start, eval_seconds, reached = time.time(), 0.0, False  # time/train_s: since (re)start, evals excluded
     skip_guard = _SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     for step in range(start_step, t.steps):
       if asynchronous is not None:
         produced = asynchronous.get()
       else:
-        version, sampler_params = snapshots.get(rollout.staleness_steps)
-        batch = producer.produce(step, version, sampler_params, next(prompts))
+        if rollout.staleness_steps:
+          version, snapshot = snapshots.get(rollout.staleness_steps)
+        else:
+          version, snapshot = step, snapshot_of(state.params, step)
+        batch = producer.produce(step, version, snapshot, next(prompts))
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
       state, metrics = step_fn(state, produced.batch, teacher_state)
@@ -282,11 +339,9 @@ def train(config, workdir: str) -> dict:
       interval_steps += 1
       new_version = step + 1
       if asynchronous is not None:
-        asynchronous.publish(new_version, copy(state.params))
+        asynchronous.publish(new_version, snapshot_of(state.params, new_version))
       elif rollout.staleness_steps:
-        snapshots.push(new_version, copy(state.params))
-      else:
-        snapshots.push(new_version, state.params)
+        snapshots.push(new_version, snapshot_of(state.params, new_version))
       writer.advance()
       done = new_version == t.steps
       if new_version % t.log_every == 0 or done:
@@ -305,9 +360,12 @@ def train(config, workdir: str) -> dict:
       if new_version % t.eval_every == 0 or done:
         eval_start = time.time()
         final = run_eval(state.params)
+        final["time/train_s"] = eval_start - loop_start - eval_seconds
         writer.write(new_version, final)
+        eval_seconds += time.time() - eval_start
         interval_start += time.time() - eval_start  # evaluation time is not training throughput
-      stopping = t.stop_after_steps and new_version - start_step >= t.stop_after_steps
+        reached = bool(t.target_accuracy) and final["eval/accuracy"] >= t.target_accuracy
+      stopping = reached or (t.stop_after_steps and new_version - start_step >= t.stop_after_steps)
       if new_version % t.checkpoint_every == 0 or done or stopping:
         saved_pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]  # JSON form
         checkpointer.save(new_version, {"train": state, "snapshots": snapshots.state_dict()},

@@ -1,17 +1,19 @@
 """Rollout production: sample with the configured mismatch knobs, score with the teacher; sync or async.
 
-`RolloutProducer.produce(index, version, params, prompts)` turns one prompt batch into a `RolloutBatch`:
-the sampler copy of learner version `version` (noise + precision recipe), KV-cache dtype, sampling, teacher
-scoring (per-token log-probs, plus what the objective needs of the teacher: its final hidden states for the
+`RolloutProducer.produce(index, version, snapshot, prompts)` turns one prompt batch into a `RolloutBatch`:
+the sampler's weights of learner version `version` (`snapshot["sampler"]`, made by rollout.weight_sync: noise
++ precision recipe, on the sampler's own mesh), KV-cache dtype, sampling, teacher scoring (per-token log-probs, plus what the objective needs of the teacher: its final hidden states for the
 exact vocabulary objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and
-precision/noise/KV knobs can coexist -- the same-version dense learner log-probs that split the mismatch into
-its two factors. With a reward function (the GRPO baseline) every prompt is
-repeated group_size times and responses are graded (the train step standardizes rewards within each group);
-the teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The
+precision/noise/KV knobs can coexist -- the same-version dense learner log-probs (`snapshot["dense"]`) that
+split the mismatch into its two factors. With group_size > 1 every prompt is answered group_size times (the
+sampler prefills it once); with a reward function (the GRPO baseline) responses are graded and the train step
+standardizes rewards within each group. Sampler outputs move to the learner's batch layout before the teacher
+(on the learner's devices) scores them. The teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The
 PRNG key of batch `index` is fold_in(key(seed), index), so a resumed run draws the same samples.
 
 `AsyncRollouts` runs the producer in a background thread ahead of the learner: batch i may use any learner
-version v >= i - max_staleness (it waits until one is published), and at most max_staleness batches wait in
+version v >= i - max_staleness (it waits until one is published; the learner publishes each version's
+snapshot right after its update), and at most max_staleness batches wait in
 the queue. JAX releases the GIL while XLA runs, so sampling and learning overlap where the hardware allows.
 """
 
@@ -24,13 +26,12 @@ import threading
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from opd_jax.errors import InputError
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
-from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.train import distributed
 from opd_jax.train.step import RolloutBatch
@@ -47,16 +48,18 @@ class Produced:
 class RolloutProducer:
 
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
-               objective: ObjectiveConfig, put_batch, seed: int, logits_chunk: int = 0, split_mismatch: bool = False,
-               reward_fn: Callable | None = None, group_size: int = 1):
-    """logits_chunk: tokens (rows x positions) per vocabulary chunk when scoring (0 = all at once).
-    split_mismatch: score every batch with the dense learner version that generated it too, so the train step
-    can split mismatch into precision/noise and staleness factors (set when lag and weight/KV knobs coexist).
-    reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host), with group_size > 1:
-    sample each prompt group_size times and attach the rewards (GRPO)."""
-    if group_size > 1 and reward_fn is None:
-      raise InputError("group_size > 1 needs a reward_fn: groups only matter for reward advantages")
+               objective: ObjectiveConfig, put_batch, put_sampler_batch=None, learner_rows=None, seed: int,
+               logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1):
+    """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
+    learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
+    sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when scoring (0 = all at once).
+    group_size: responses per prompt (the sampler's samples_per_prompt must equal it).
+    reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO)."""
+    if sampler.config.samples_per_prompt != group_size:
+      raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches come "
+                       f"in groups of {group_size}")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
+    self.put_sampler_batch, self.learner_rows = put_sampler_batch or put_batch, learner_rows
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
@@ -67,19 +70,22 @@ class RolloutProducer:
         top_k_temperature=objective.temperature))
     self._student = jax.jit(functools.partial(score, student_graphdef, temperature=temperature,
                                               logits_chunk=logits_chunk))
-    self._split = split_mismatch and (rollout.changes_weights or rollout.kv_cache != "native")
 
-  def produce(self, index: int, version: int, params, prompts: dict) -> RolloutBatch:
+  def produce(self, index: int, version: int, snapshot: dict, prompts: dict) -> RolloutBatch:
+    """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters
+    (only when the mismatch split is on)}."""
     if self.group_size > 1:  # rows g*G .. g*G + G - 1 answer the same prompt
       prompts = {k: np.repeat(v, self.group_size, axis=0) for k, v in prompts.items()}
+    out = self.sampler(snapshot["sampler"], self.put_sampler_batch(prompts["prompt_BxP"]),
+                       self.put_sampler_batch(prompts["prompt_valid_BxP"]), jax.random.fold_in(self.key, index))
+    if self.learner_rows is not None:  # the sampler's rows -> the learner's (on its own devices, if it has any)
+      out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    sampler_state = build_sampler_state(params, self.rollout, jnp.int32(version))
-    out = self.sampler(sampler_state, prompt_BxP, valid_BxP, jax.random.fold_in(self.key, index))
     teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
     snapshot_logp = None
-    if self._split:
-      snapshot_logp = self._student(params, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN).logp_BxR
+    if "dense" in snapshot:
+      snapshot_logp = self._student(snapshot["dense"], prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN).logp_BxR
     reward = None
     if self.reward_fn is not None:
       tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
@@ -94,12 +100,12 @@ class AsyncRollouts:
   """Background producer thread with bounded staleness; `get()` returns the next `Produced` in order."""
 
   def __init__(self, producer: RolloutProducer, prompts, *, start_index: int, max_staleness: int,
-               initial_version: int, initial_params):
+               initial_version: int, initial_snapshot: dict):
     if max_staleness < 1:
       raise InputError(f"train.max_staleness must be >= 1 in async mode, got {max_staleness}")
     self._producer, self._prompts, self._max_staleness = producer, prompts, max_staleness
     self._queue: queue.Queue = queue.Queue(maxsize=max_staleness)
-    self._latest = (initial_version, initial_params)
+    self._latest = (initial_version, initial_snapshot)
     self._cond = threading.Condition()
     self._stop = threading.Event()
     self._error: BaseException | None = None
@@ -107,10 +113,10 @@ class AsyncRollouts:
     self._thread = threading.Thread(target=self._run, name="opd-rollouts", daemon=True)
     self._thread.start()
 
-  def publish(self, version: int, params) -> None:
-    """The learner's newest parameters (must not be donated later: pass a copy)."""
+  def publish(self, version: int, snapshot: dict) -> None:
+    """The learner's newest version, as produce() takes it (buffers the learner will not donate)."""
     with self._cond:
-      self._latest = (version, params)
+      self._latest = (version, snapshot)
       self._cond.notify_all()
 
   def _run(self) -> None:
@@ -120,11 +126,11 @@ class AsyncRollouts:
         with self._cond:
           while self._latest[0] < index - self._max_staleness and not self._stop.is_set():
             self._cond.wait(timeout=0.1)
-          version, params = self._latest
+          version, snapshot = self._latest
         if self._stop.is_set():
           return
         prompts = next(self._prompts)
-        batch = self._producer.produce(index, version, params, prompts)
+        batch = self._producer.produce(index, version, snapshot, prompts)
         jax.block_until_ready(batch)
         item = Produced(index, version, batch, self._prompts.get_state())
         while not self._stop.is_set():
