@@ -3,12 +3,16 @@
   python launch/plan_memory.py --teacher=qwen3-1.7b --student=qwen3-0.6b --batch=64 --prompt_tokens=256 \
       --response_tokens=1024 --device_memory_gb=80 [--devices=8 --mesh_fsdp=8 --mesh_tensor=1] \
       [--weights=none|bf16|int8|fp8] [--kv_cache=native|bf16|int8|fp8] [--staleness=k] [--micro_batch_size=M] \
-      [--logits_chunk=C] [--remat=none|full|dots_saveable] [--objective=NAME] [--json]
+      [--logits_chunk=C] [--remat=none|full|dots_saveable] [--objective=NAME] [--json] \
+      [--placement=colocated|disaggregated --rollout_devices=N --rollout_tensor=T] [--quantize_embedding] \
+      [--snapshots_on=device|host] [--split_mismatch]
 
 --teacher / --student: an HF config.json directory or a shipped real shape (configs/models/<name>). Compiles
 every program of the run with abstract shapes on --devices simulated CPU devices and prints per-device
 argument / output / temp / alias / peak GiB per program, the resident bytes between programs, the verdict and
-the largest micro-batch that fits (see opd_jax/analysis/memory_plan.py). --json prints one JSON object
+the largest micro-batch that fits (see opd_jax/analysis/memory_plan.py). The sampler is compiled on its own
+mesh (data x --rollout_tensor): over all --devices when colocated, over the first --rollout_devices of them
+when disaggregated (the learner's mesh takes the rest). --json prints one JSON object
 instead. --measure_rss also runs the train step on real arrays on CPU and compares the prediction with the
 measured peak RSS (small configs only). Exit code 0 (fits or not), 2 on bad input.
 """
@@ -40,6 +44,12 @@ _MICRO = flags.DEFINE_integer("micro_batch_size", 0, "Train-step micro-batch; 0 
 _CHUNK = flags.DEFINE_integer("logits_chunk", 512, "Tokens (rows x positions) per vocabulary chunk; 0 = unchunked.")
 _REMAT = flags.DEFINE_string("remat", "full", "Student layer remat: none | full | dots_saveable.")
 _OBJECTIVE = flags.DEFINE_string("objective", "reverse_kl_pg", "OPD objective (decides what the teacher hands over).")
+_PLACEMENT = flags.DEFINE_string("placement", "colocated", "Sampler placement: colocated | disaggregated.")
+_ROLLOUT_DEVICES = flags.DEFINE_integer("rollout_devices", 0, "Disaggregated: the sampler's devices (of --devices).")
+_ROLLOUT_TENSOR = flags.DEFINE_integer("rollout_tensor", 1, "Sampler mesh tensor axis.")
+_EMBED = flags.DEFINE_bool("quantize_embedding", False, "int8/fp8 recipes: the embedding table too.")
+_SNAPSHOTS = flags.DEFINE_string("snapshots_on", "device", "Staleness snapshots: device | host.")
+_SPLIT = flags.DEFINE_bool("split_mismatch", False, "Count a dense learner copy per kept version (mismatch split).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 _MEASURE = flags.DEFINE_bool("measure_rss", False, "Also measure the train step's peak RSS on CPU (small configs).")
 
@@ -54,7 +64,9 @@ def run() -> None:
       batch_size=_BATCH.value, prompt_tokens=_PROMPT.value, response_tokens=_RESPONSE.value,
       device_memory_bytes=int(_MEMORY.value * mp.GIB), devices=_DEVICES.value, mesh_fsdp=_FSDP.value,
       mesh_tensor=_TENSOR.value, weights=_WEIGHTS.value, kv_cache=_KV.value, staleness_steps=_STALENESS.value,
-      micro_batch_size=_MICRO.value, logits_chunk=_CHUNK.value, remat=_REMAT.value, objective=_OBJECTIVE.value)
+      micro_batch_size=_MICRO.value, logits_chunk=_CHUNK.value, remat=_REMAT.value, objective=_OBJECTIVE.value,
+      placement=_PLACEMENT.value, rollout_devices=_ROLLOUT_DEVICES.value, rollout_tensor=_ROLLOUT_TENSOR.value,
+      quantize_embedding=_EMBED.value, snapshots_on=_SNAPSHOTS.value, split_mismatch=_SPLIT.value)
   log = (lambda s: None) if _JSON.value else (lambda s: print(s, file=sys.stderr, flush=True))
   result = mp.plan_memory(plan, log=log)
   out = result.to_json()

@@ -89,3 +89,49 @@ def test_cli_bad_input_is_one_line_and_exit_2():
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "--teacher='qwen9'" in errors[0] and "qwen3-0.6b" in errors[0]
   assert result.stdout == ""
+
+
+def test_disaggregated_plan_counts_each_pool_and_host_snapshots(tiny_plan):
+  """Sampler on device 0 (fp8, staleness 2), learner on device 1: the sampler's residents count only in its
+  pool; with snapshots on the host they leave device memory."""
+  base = dataclasses.replace(tiny_plan, devices=2, placement="disaggregated", rollout_devices=1, weights="fp8",
+                             staleness_steps=2, micro_batch_size=8)
+  mesh = mp.plan_mesh(base)
+  assert [d.id for d in mesh.devices.flat] == [1]
+  assert [d.id for d in mp.plan_sampler_mesh(base).devices.flat] == [0]
+  programs = mp.build_programs(base, mesh, 8)[0]
+  memory = {name: mp.compile_memory(programs[name]) for name in ("sampler", "train_step")}
+  for on in ("device", "host"):
+    plan = dataclasses.replace(base, snapshots_on=on)
+    resident = {name: mp.per_device_bytes(tree) for name, tree in mp.build_programs(plan, mesh, 8)[1].items()}
+    assert resident["staleness_snapshots"] == (2 * resident["sampler_weights"] if on == "device" else 0)
+    assert resident["sampler_weights"] > 0
+    totals = {name: mp._total(memory[name], programs[name], resident, plan) for name in memory}
+    assert totals["sampler"] == memory["sampler"].peak_bytes + resident["staleness_snapshots"]
+    assert totals["train_step"] == memory["train_step"].peak_bytes  # no sampler entry in the learner's pool
+
+
+def test_fp8_sampler_weights_at_qwen3_8b_shapes():
+  """The sampler's weights as rollout.weight_sync makes them (abstract, at real shapes): fp8 decoder linears
+  over bf16 weights, with and without the embedding table; on a tensor-parallel sampler mesh each of 8 devices
+  holds about an eighth."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from opd_jax.models.decoder import Decoder
+  from opd_jax.rollout import placement
+  from opd_jax.rollout.config import RolloutConfig
+  from opd_jax.rollout.weight_sync import WeightSync
+  config = mp.resolve_model("qwen3-8b", "--student")
+  params = nnx.state(nnx.eval_shape(lambda: Decoder(config, dtype=jnp.bfloat16, param_dtype=jnp.float32)), nnx.Param)
+  one = placement.sampler_mesh(jax.devices()[:1], 1)
+  learner = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
+      one, jax.sharding.PartitionSpec())), params)
+  bytes_of = lambda mesh, **recipe: WeightSync(RolloutConfig(**recipe), learner, mesh, jnp.bfloat16).bytes_per_device()
+  bf16 = bytes_of(one, weights="bf16")
+  assert bf16 == 2 * config.num_params()
+  fp8, fp8_embed = bytes_of(one, weights="fp8") / bf16, bytes_of(one, weights="fp8", quantize_embedding=True) / bf16
+  assert 0.57 < fp8 < 0.58 and 0.53 < fp8_embed <= 0.55, (fp8, fp8_embed)
+  tp8 = bytes_of(placement.sampler_mesh(jax.devices(), 8), weights="fp8", quantize_embedding=True)
+  assert tp8 <= fp8_embed * bf16 / 8 * 1.01

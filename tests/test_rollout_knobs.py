@@ -117,18 +117,52 @@ def test_kv_quantization_error_is_bounded():
     kv_cache.check_kv_dtype("int4")
 
 
-def test_snapshot_store_lags_and_clamps():
-  store = SnapshotStore(capacity=3)
+@pytest.mark.parametrize("on", ["device", "host"])
+def test_snapshot_store_lags_and_clamps(on):
+  store = SnapshotStore(capacity=3, on=on)
   for version in range(5):
     store.push(version, {"w": jnp.full((2,), float(version))})
   assert store.versions() == [2, 3, 4]
   assert store.get(0)[0] == 4 and store.get(1)[0] == 3 and store.get(7)[0] == 2
   assert float(store.get(1)[1]["w"][0]) == 3.0
+  kept = "pinned_host" if on == "host" else "device"
+  assert {v["w"].sharding.memory_kind for v in store.state_dict().values()} == {kept}
+  assert store.get(1)[1]["w"].sharding.memory_kind == "device"  # what the sampler reads is back on the device
   with pytest.raises(ValueError, match="not newer"):
     store.push(4, {})
-  restored = SnapshotStore(capacity=3)
+  restored = SnapshotStore(capacity=3, on=on)
   restored.load_state_dict(store.state_dict())
   assert restored.get(2)[0] == 2
+  device_sharding = store.get(0)[1]["w"].sharding
+  abstract = restored.abstract([3], lambda: {"w": jax.ShapeDtypeStruct((2,), jnp.float32, sharding=device_sharding)})
+  assert abstract["3"]["w"].sharding.memory_kind == kept
+
+
+def test_weight_sync_quantizes_on_the_learner_and_moves_only_the_recipe_to_the_sampler(tiny_checkpoints):
+  """Learner on devices 4-7 (fsdp), sampler on 0-3 (tensor 2): the sampler's copy is the recipe's bytes (the
+  planner's arithmetic, bf16 for untouched matrices), lives on the sampler's devices only, equals the recipe
+  applied in place, and survives the learner deleting (donating) its own buffers."""
+  from opd_jax.models import sharding as shard_lib
+  from opd_jax.rollout import placement
+  from opd_jax.rollout.weight_sync import WeightSync
+  model = load_pretrained(tiny_checkpoints["llama"])
+  _, state = nnx.split(model)
+  learner_mesh = shard_lib.make_mesh(1, 4, 1, devices=jax.devices()[4:])
+  learner = shard_lib.shard_model_state(state, learner_mesh)
+  rollout = RolloutConfig(weights="fp8")
+  sync = WeightSync(rollout, learner, placement.sampler_mesh(jax.devices()[:4], 2), jnp.bfloat16)
+  sampler_state = sync(learner, 3)
+  leaves = jax.tree.leaves(sampler_state)
+  assert {d.id for leaf in leaves for d in leaf.devices()} == {0, 1, 2, 3}
+  vectors = sum(leaf.size * 2 for leaf in leaves if leaf.ndim == 1)  # norm weights stay float32: +2 bytes each
+  assert precision.state_bytes(sampler_state) == memory.weight_bytes(model.config, rollout.weight_rules) + vectors
+  expected = build_sampler_state(state, rollout, jnp.int32(3))
+  dense = lambda tree: jax.tree.leaves(precision.dequantized(tree))
+  for got, want in zip(dense(sampler_state), dense(expected)):  # untouched matrices: the bf16 the learner uses
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want.astype(got.dtype), np.float32))
+  for leaf in jax.tree.leaves(learner):
+    leaf.delete()
+  assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in dense(sampler_state))
 
 
 def test_staleness_changes_sampler_exactly_when_params_differ(tiny_checkpoints):

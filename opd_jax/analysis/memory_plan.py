@@ -12,10 +12,15 @@ CPU devices, and XLA's buffer assignment gives per-device bytes (`compiled.memor
             `peak_memory_in_bytes` is not used: on XLA:CPU it leaves out the temp buffer.)
 
 Resident bytes stay on the device between programs: teacher parameters, learner parameters, optimizer state,
-the sampler's weights at the rollout recipe's precision (a separate copy only when the recipe changes the
-weights), `staleness_steps` snapshots of those sampler weights, and the rollout batch. A program's total
-is its peak plus the resident entries that are not among its own arguments, so nothing is counted twice.
-The run fits when the largest total fits the device memory.
+the rollout batch, and on the sampler's side its weights at the rollout recipe's precision (what
+rollout.weight_sync makes: `sampler_param_bytes` in the JSON), `staleness_steps` snapshots of them (none on
+the device with `snapshots_on=host`), and with `split_mismatch` a dense learner copy per kept version. The
+sampler is compiled on its own mesh and inference layout (rollout.placement): over the same devices when
+colocated, over `rollout_devices` devices of its own when disaggregated, which are then a second pool with its
+own residents. Colocated without staleness, the sampler's weights live only while the sampler runs (the loop
+syncs them right before sampling). A program's total is its peak plus the resident entries of its pool that
+are not among its own arguments, so nothing is counted twice. The run fits when the largest total fits the
+device memory.
 
 The largest micro-batch that fits: powers of two dividing the batch (and divisible by the mesh's batch
 shards), searched by bisection (the train step's total grows with the micro-batch), compiling the train step
@@ -53,8 +58,11 @@ from opd_jax.models.decoder import Decoder
 from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, state_shardings
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
-from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+from opd_jax.rollout import placement
+from opd_jax.rollout.config import RolloutConfig
+from opd_jax.rollout.placement import split_devices
 from opd_jax.rollout.sampler import Sampler
+from opd_jax.rollout.weight_sync import WeightSync
 from opd_jax.train.evaluation import make_reverse_kl_fn
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.step import RolloutBatch, TrainState, train_step
@@ -92,8 +100,8 @@ class PlanConfig:
   prompt_tokens: int  # P
   response_tokens: int  # R = max new tokens
   device_memory_bytes: int
-  devices: int = 1  # simulated CPU devices in the mesh
-  mesh_fsdp: int = 1  # data = devices / (fsdp * tensor)
+  devices: int = 1  # simulated CPU devices, all pools together
+  mesh_fsdp: int = 1  # learner mesh: data = learner devices / (fsdp * tensor)
   mesh_tensor: int = 1
   weights: str = "none"  # sampler weight recipe: none | bf16 | int8 | fp8
   kv_cache: str = "native"  # sampler KV cache: native | bf16 | int8 | fp8
@@ -106,6 +114,12 @@ class PlanConfig:
   student_param_dtype: str = "float32"  # master weights and optimizer state
   student_compute_dtype: str = "bfloat16"
   teacher_dtype: str = "bfloat16"  # teacher params and compute
+  placement: str = "colocated"  # colocated | disaggregated (the sampler on rollout_devices of its own)
+  rollout_devices: int = 0  # disaggregated: the sampler's devices, out of `devices`
+  rollout_tensor: int = 1  # sampler mesh tensor axis
+  quantize_embedding: bool = False  # int8/fp8 recipes: the embedding table too
+  snapshots_on: str = "device"  # staleness snapshots: device | host
+  split_mismatch: bool = False  # a dense learner copy per kept version (the loop's rollout.split_mismatch)
 
   def __post_init__(self):
     for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
@@ -121,14 +135,19 @@ class PlanConfig:
       raise InputError(f"--micro_batch_size={self.micro_batch_size} does not divide --batch={self.batch_size}")
     if self.remat not in REMATS:
       raise InputError(f"--remat must be one of {', '.join(REMATS)}, got {self.remat!r}")
+    rollout = self.rollout()  # validates --weights / --kv_cache / placement
     try:
-      data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.devices)
+      split_devices(rollout.placement, rollout.devices, range(self.devices))
+      sampler_mesh_shape = mesh_shape(-1, 1, self.rollout_tensor, self.sampler_devices)
+      data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.learner_devices)
     except ValueError as e:
-      raise InputError(f"--mesh_fsdp / --mesh_tensor / --devices: {e}") from None
+      raise InputError(f"--mesh_fsdp / --mesh_tensor / --devices / --rollout_devices / --rollout_tensor: {e}") from None
+    if self.batch_size % sampler_mesh_shape[0]:
+      raise InputError(f"--batch={self.batch_size} is not divisible by the sampler's batch shards "
+                       f"{sampler_mesh_shape[0]} (its devices / --rollout_tensor)")
     for rows, flag in ((self.batch_size, "--batch"), (self.micro_batch_size, "--micro_batch_size")):
       if rows % (data * fsdp):
         raise InputError(f"{flag}={rows} is not divisible by the mesh's batch shards data*fsdp={data * fsdp}")
-    self.rollout()  # validates --weights / --kv_cache
     try:
       ObjectiveConfig(name=self.objective, top_k=self.top_k)
     except ValueError as e:
@@ -137,13 +156,29 @@ class PlanConfig:
   def rollout(self) -> RolloutConfig:
     try:
       return RolloutConfig(weights=self.weights, kv_cache=self.kv_cache, staleness_steps=self.staleness_steps,
-                           max_new_tokens=self.response_tokens)
+                           max_new_tokens=self.response_tokens, quantize_embedding=self.quantize_embedding,
+                           placement=self.placement, devices=self.rollout_devices,
+                           tensor_parallel=self.rollout_tensor, snapshots_on=self.snapshots_on,
+                           split_mismatch=self.split_mismatch)
     except ValueError as e:
-      raise InputError(f"--weights={self.weights!r} / --kv_cache={self.kv_cache!r}: {e}") from None
+      raise InputError(f"rollout flags (--weights={self.weights!r}, --kv_cache={self.kv_cache!r}, "
+                       f"--placement={self.placement!r}, ...): {e}") from None
+
+  @property
+  def disaggregated(self) -> bool:
+    return self.placement == "disaggregated"
+
+  @property
+  def learner_devices(self) -> int:
+    return self.devices - self.rollout_devices if self.disaggregated else self.devices
+
+  @property
+  def sampler_devices(self) -> int:
+    return self.rollout_devices if self.disaggregated else self.devices
 
   @property
   def batch_shards(self) -> int:
-    data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.devices)
+    data, fsdp, _ = mesh_shape(-1, self.mesh_fsdp, self.mesh_tensor, self.learner_devices)
     return data * fsdp
 
 
@@ -152,6 +187,18 @@ class Program:
   fn: Callable  # jitted; lowered with `args`
   args: tuple  # abstract arguments (ShapeDtypeStructs with shardings)
   uses: tuple[str, ...]  # resident entries that are among its arguments (not added again to its total)
+  pool: str = "learner"  # whose devices it runs on: learner | sampler (the same devices when colocated)
+
+
+def resident_pools(plan: PlanConfig) -> dict[str, str]:
+  """Resident entry -> the pool whose devices hold it between programs ("" = held only while a program that
+  takes it runs)."""
+  sampler = "sampler" if plan.disaggregated else "learner"
+  lagged = plan.staleness_steps > 0
+  return {"teacher_params": "learner", "learner_params": "learner", "optimizer_state": "learner",
+          "rollout_batch": "learner", "dense_snapshots": "learner",
+          "sampler_weights": sampler if plan.disaggregated or lagged else "",
+          "staleness_snapshots": sampler}
 
 
 def _abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
@@ -184,15 +231,18 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
                              weight_decay=0.0, grad_clip_norm=1.0)
   state = TrainState(s_params, jax.eval_shape(optimizer.init, s_params), jax.ShapeDtypeStruct((), jnp.int32))
   rollout = plan.rollout()
-  sampler_params = jax.eval_shape(lambda p: build_sampler_state(p, rollout, jnp.int32(0)), s_params)
 
   state_sharding = state_shardings(state, mesh)
   state = _with_shardings(state, state_sharding)
   teacher_sharding = state_shardings(t_params, mesh)
   t_params = _with_shardings(t_params, teacher_sharding)
-  sampler_params = _with_shardings(sampler_params, state_shardings(sampler_params, mesh))
+  s_mesh = plan_sampler_mesh(plan)
+  weight_sync = WeightSync(rollout, state.params, s_mesh, jnp.dtype(plan.student_compute_dtype))
+  sampler_params = weight_sync.abstract
   rows, replicated = batch_sharding(mesh), NamedSharding(mesh, PartitionSpec())
-  split = plan.staleness_steps > 0 and (rollout.changes_weights or rollout.kv_cache != "native")
+  s_rows, s_replicated = placement.batch_sharding(s_mesh), NamedSharding(s_mesh, PartitionSpec())
+  split = (plan.split_mismatch and plan.staleness_steps > 0
+           and (rollout.changes_weights or rollout.kv_cache != "native"))
   teacher_k = objective.top_k if objective.needs_teacher_topk else 0
   batch = RolloutBatch(
       prompt_BxP=_abstract((B, P), jnp.int32, rows), prompt_valid_BxP=_abstract((B, P), jnp.bool_, rows),
@@ -206,8 +256,10 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
       sampler_top_ids_BxRxK=_abstract((B, R, K), jnp.int32, rows),
       snapshot_logp_BxR=_abstract((B, R), jnp.float32, rows) if split else None)
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
-  key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, replicated)
-  sampler = Sampler(s_graphdef, rollout.sampling(eos_ids=plan.student.eos_token_id, pad_id=0, logits_top_k=K))
+  key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
+  sampler = Sampler(s_graphdef, rollout.sampling(eos_ids=plan.student.eos_token_id, pad_id=0, logits_top_k=K),
+                    mesh=s_mesh, state_shardings=weight_sync.shardings)
+  sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
   teacher = jax.jit(functools.partial(score, t_graphdef, temperature=1.0, logits_chunk=plan.logits_chunk,
                                       return_hidden=objective.needs_teacher_hidden, top_k=teacher_k))
   step = jax.jit(functools.partial(train_step, s_graphdef, optimizer, objective, 1.0, 2.0,
@@ -220,17 +272,18 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   def reverse_kl(student_params, teacher_params, *tokens):
     return make_reverse_kl_fn(s_graphdef, t_graphdef, teacher_params, plan.logits_chunk)(student_params, *tokens)
 
-  sampler_weights = "sampler_weights" if rollout.changes_weights else "learner_params"
   programs = {
-      "sampler": Program(sampler._fn, (sampler_params, *tokens[:2], key), (sampler_weights,)),
+      "sampler": Program(sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
       "teacher_score": Program(teacher, (t_params, *tokens), ("teacher_params",)),
       "train_step": Program(step, (state, batch, t_params),
                             ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
       "eval_reverse_kl": Program(reverse_kl, (state.params, t_params, *tokens), ("learner_params", "teacher_params")),
   }
+  on_device = plan.snapshots_on == "device"
   resident = {"teacher_params": t_params, "learner_params": state.params, "optimizer_state": state.opt_state,
-              "sampler_weights": sampler_params if rollout.changes_weights else (),
-              "staleness_snapshots": [sampler_params] * plan.staleness_steps, "rollout_batch": batch}
+              "rollout_batch": batch, "sampler_weights": sampler_params,
+              "staleness_snapshots": [sampler_params] * plan.staleness_steps if on_device else [],
+              "dense_snapshots": [state.params] * (plan.staleness_steps + 1) if split else []}
   return programs, resident
 
 
@@ -292,19 +345,35 @@ class MemoryPlan:
         "program_totals": dict(self.totals), "resident_bytes": dict(self.resident),
         "program_details": {name: dataclasses.asdict(m) for name, m in self.programs.items()},
         "micro_batch_totals": {str(k): v for k, v in sorted(self.micro_batch_totals.items())},
+        "placement": self.plan.placement, "learner_devices": self.plan.learner_devices,
+        "sampler_devices": self.plan.sampler_devices,
+        "sampler_param_bytes": self.resident["sampler_weights"],  # per sampler device
+        "host_snapshot_bytes": (self.resident["sampler_weights"] * self.plan.staleness_steps
+                                if self.plan.snapshots_on == "host" else 0),  # per sampler device, host memory
     }
 
 
-def plan_mesh(plan: PlanConfig) -> Mesh:
+def _plan_devices(plan: PlanConfig) -> tuple[list, list]:
   if jax.device_count() < plan.devices:
     raise InputError(f"--devices={plan.devices} but jax sees {jax.device_count()} device(s); set "
                      f"XLA_FLAGS=--xla_force_host_platform_device_count={plan.devices} before jax is imported "
                      "(launch/plan_memory.py does)")
-  return make_mesh(-1, plan.mesh_fsdp, plan.mesh_tensor, devices=jax.devices()[:plan.devices])
+  return split_devices(plan.placement, plan.rollout_devices, jax.devices()[:plan.devices])
 
 
-def _total(memory: ProgramMemory, program: Program, resident: dict[str, int]) -> int:
-  return memory.peak_bytes + sum(b for name, b in resident.items() if name not in program.uses)
+def plan_mesh(plan: PlanConfig) -> Mesh:
+  """The learner's mesh."""
+  return make_mesh(-1, plan.mesh_fsdp, plan.mesh_tensor, devices=_plan_devices(plan)[0])
+
+
+def plan_sampler_mesh(plan: PlanConfig) -> Mesh:
+  return placement.sampler_mesh(_plan_devices(plan)[1], plan.rollout_tensor)
+
+
+def _total(memory: ProgramMemory, program: Program, resident: dict[str, int], plan: PlanConfig) -> int:
+  pools = resident_pools(plan)
+  return memory.peak_bytes + sum(b for name, b in resident.items()
+                                 if name not in program.uses and pools[name] == program.pool)
 
 
 def micro_batch_candidates(plan: PlanConfig) -> list[int]:
@@ -329,7 +398,7 @@ def largest_micro_batch(plan: PlanConfig, mesh: Mesh, resident: dict[str, int], 
     m = candidates[mid]
     program = build_programs(plan, mesh, m)[0]["train_step"]
     memory = compile_memory(program)
-    totals[m] = _total(memory, program, resident)
+    totals[m] = _total(memory, program, resident, plan)
     log(f"  train_step at micro-batch {m}: total {totals[m] / GIB:.2f} GiB ({memory.compile_seconds:.1f} s compile)")
     if totals[m] <= plan.device_memory_bytes:
       best, lo = m, mid + 1
@@ -348,7 +417,7 @@ def plan_memory(plan: PlanConfig, log: Callable[[str], None] = lambda s: None) -
   for name, program in programs.items():
     memory[name] = compile_memory(program)
     log(f"  compiled {name} in {memory[name].compile_seconds:.1f} s")
-  totals = {name: _total(memory[name], program, resident) for name, program in programs.items()}
+  totals = {name: _total(memory[name], program, resident, plan) for name, program in programs.items()}
   trials = {used: totals["train_step"]}
   best = largest_micro_batch(plan, mesh, resident, trials, log)
   return MemoryPlan(plan, memory, totals, resident, used, best, trials)
@@ -360,10 +429,13 @@ def format_plan(result: MemoryPlan) -> str:
   p, G = result.plan, result.plan.device_memory_bytes
   unit, name = (GIB, "GiB") if G >= GIB else (2 ** 20, "MiB")
   size = lambda n: f"{n / unit:.2f}"
-  data, fsdp, tensor = mesh_shape(-1, p.mesh_fsdp, p.mesh_tensor, p.devices)
-  lines = [f"B={p.batch_size} P={p.prompt_tokens} R={p.response_tokens}; weights={p.weights} "
-           f"kv_cache={p.kv_cache} staleness={p.staleness_steps}; mesh data={data} fsdp={fsdp} tensor={tensor}; "
-           f"device memory {size(G)} {name}; programs compiled with micro-batch {result.micro_batch_used}",
+  data, fsdp, tensor = mesh_shape(-1, p.mesh_fsdp, p.mesh_tensor, p.learner_devices)
+  s_data = p.sampler_devices // p.rollout_tensor
+  lines = [f"B={p.batch_size} P={p.prompt_tokens} R={p.response_tokens}; weights={p.weights}"
+           f"{'+embedding' if p.quantize_embedding else ''} kv_cache={p.kv_cache} staleness={p.staleness_steps} "
+           f"(snapshots on {p.snapshots_on}); learner mesh data={data} fsdp={fsdp} tensor={tensor}; sampler "
+           f"{p.placement} on {p.sampler_devices} device(s), data={s_data} tensor={p.rollout_tensor}; device memory "
+           f"{size(G)} {name}; programs compiled with micro-batch {result.micro_batch_used}",
            f"{f'program ({name}/device)':<22}{'argument':>10}{'output':>10}{'temp':>10}{'alias':>10}{'peak':>10}"
            f"{'+resident':>11}{'total':>10}  fits  compile_s"]
   for program, m in result.programs.items():
@@ -371,8 +443,9 @@ def format_plan(result: MemoryPlan) -> str:
     lines.append(f"{program:<22}{size(m.argument_bytes):>10}{size(m.output_bytes):>10}{size(m.temp_bytes):>10}"
                  f"{size(m.alias_bytes):>10}{size(m.peak_bytes):>10}{size(total - m.peak_bytes):>11}"
                  f"{size(total):>10}  {'yes ' if total <= G else 'NO  '}  {m.compile_seconds:9.1f}")
-  lines.append(f"resident between programs ({name}): "
+  lines.append(f"resident between programs ({name}/device of its pool): "
                + ", ".join(f"{k} {size(v)}" for k, v in result.resident.items()))
+  lines.append(f"sampler weights: {size(result.resident['sampler_weights'])} {name} per sampler device")
   over = [n for n, t in result.totals.items() if t > G]
   lines.append(f"verdict: {'FITS' if result.fits else 'DOES NOT FIT'}: max total {size(result.peak_bytes_per_device)}"
                f" vs {size(G)} {name}" + (f" (over: {', '.join(over)})" if over else ""))

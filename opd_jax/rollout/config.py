@@ -20,6 +20,7 @@ SNAPSHOT_PLACES = ("device", "host")
 class RolloutConfig:
   weights: str = "none"  # shorthand recipe: none | bf16 | int8 | fp8 | fp8_e5m2 (see rollout.precision)
   weight_rules: precision.Rules = ()  # explicit ordered (regex, precision) rules; override `weights`
+  quantize_embedding: bool = False  # int8/fp8 shorthands: the embedding table at that precision too
   kv_cache: str = "native"  # native | bf16 | int8 | fp8_e4m3 (see rollout.kv_cache)
   staleness_steps: int = 0  # sampler uses learner version t - staleness_steps
   noise_sigma: float = 0.0  # relative Gaussian weight noise per tensor (see rollout.noise)
@@ -38,7 +39,8 @@ class RolloutConfig:
   split_mismatch: bool = True  # keep a dense learner copy per lagged version to split precision vs staleness
 
   def __post_init__(self):
-    object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules))
+    object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules,
+                                                                    embedding=self.quantize_embedding))
     object.__setattr__(self, "kv_cache", kv_cache.check_kv_dtype(self.kv_cache))
     if not isinstance(self.staleness_steps, int) or self.staleness_steps < 0:
       raise InputError(f"rollout.staleness_steps must be an integer >= 0, got {self.staleness_steps!r}")

@@ -136,8 +136,8 @@ class KVCache:
     """Each row repeated n times in place (row g -> rows g*n .. g*n + n - 1): a prompt's cache for its group."""
     rep = lambda x: None if x is None else jnp.repeat(x, n, axis=0)
     layers = [dataclasses.replace(layer, k_BxKxHxS=rep(layer.k_BxKxHxS), v_BxKxSxH=rep(layer.v_BxKxSxH),
-                                  k_scale_BxKx1xS=rep(layer.k_scale_BxKx1xS), v_scale_BxKxSx1=rep(layer.v_scale_BxKxSx1))
-              for layer in self.layers]
+                                  k_scale_BxKx1xS=rep(layer.k_scale_BxKx1xS),
+                                  v_scale_BxKxSx1=rep(layer.v_scale_BxKxSx1)) for layer in self.layers]
     return self.replace(layers=layers, valid_BxS=rep(self.valid_BxS))
 
   @classmethod

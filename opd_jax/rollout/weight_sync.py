@@ -21,6 +21,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -33,13 +34,15 @@ def _sampler_copy(params: nnx.State, version: jax.Array, *, rollout: RolloutConf
   compute_dtype = jnp.dtype(compute_dtype)
 
   def narrow(x):
+    if isinstance(x, QTensor):  # values and scales exactly as the recipe made them
+      return jax.tree.map(jnp.copy, x)
     if not isinstance(x, jax.Array):
       return x
     if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize > compute_dtype.itemsize:
       return x.astype(compute_dtype)
     return jnp.copy(x)  # an explicit copy: never hand the learner's own buffer to the sampler
 
-  return jax.tree.map(narrow, state)
+  return jax.tree.map(narrow, state, is_leaf=lambda x: isinstance(x, QTensor))
 
 
 class WeightSync:

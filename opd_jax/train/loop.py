@@ -329,6 +329,7 @@ def train(config, workdir: str) -> dict:
         else:
           version, snapshot = step, snapshot_of(state.params, step)
         batch = producer.produce(step, version, snapshot, next(prompts))
+        del snapshot  # without lag the sampler's copy is not kept through the train step (as the planner counts)
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
       state, metrics = step_fn(state, produced.batch, teacher_state)

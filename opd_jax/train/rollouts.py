@@ -2,14 +2,15 @@
 
 `RolloutProducer.produce(index, version, snapshot, prompts)` turns one prompt batch into a `RolloutBatch`:
 the sampler's weights of learner version `version` (`snapshot["sampler"]`, made by rollout.weight_sync: noise
-+ precision recipe, on the sampler's own mesh), KV-cache dtype, sampling, teacher scoring (per-token log-probs, plus what the objective needs of the teacher: its final hidden states for the
-exact vocabulary objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and
-precision/noise/KV knobs can coexist -- the same-version dense learner log-probs (`snapshot["dense"]`) that
-split the mismatch into its two factors. With group_size > 1 every prompt is answered group_size times (the
-sampler prefills it once); with a reward function (the GRPO baseline) responses are graded and the train step
-standardizes rewards within each group. Sampler outputs move to the learner's batch layout before the teacher
-(on the learner's devices) scores them. The teacher still scores every batch, so OPD and GRPO runs report their KL to the teacher on one scale. The
-PRNG key of batch `index` is fold_in(key(seed), index), so a resumed run draws the same samples.
++ precision recipe, on the sampler's own mesh), KV-cache dtype, sampling, teacher scoring (per-token
+log-probs, plus what the objective needs of the teacher: its final hidden states for the exact vocabulary
+objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and precision/noise/KV knobs can
+coexist -- the same-version dense learner log-probs (`snapshot["dense"]`) that split the mismatch into its two
+factors. Sampler outputs move to the learner's batch layout before the teacher (on the learner's devices)
+scores them. With group_size > 1 every prompt is answered group_size times (the sampler prefills it once);
+with a reward function (the GRPO baseline) responses are graded and the train step standardizes rewards
+within each group. The teacher scores every batch, so OPD and GRPO runs report their KL to the teacher on one
+scale. The PRNG key of batch `index` is fold_in(key(seed), index), so a resumed run draws the same samples.
 
 `AsyncRollouts` runs the producer in a background thread ahead of the learner: batch i may use any learner
 version v >= i - max_staleness (it waits until one is published; the learner publishes each version's
@@ -52,12 +53,13 @@ class RolloutProducer:
                logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1):
     """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
     learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
-    sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when scoring (0 = all at once).
+    sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when
+    scoring (0 = all at once).
     group_size: responses per prompt (the sampler's samples_per_prompt must equal it).
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO)."""
     if sampler.config.samples_per_prompt != group_size:
-      raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches come "
-                       f"in groups of {group_size}")
+      raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches "
+                       f"come in groups of {group_size}")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
     self.put_sampler_batch, self.learner_rows = put_sampler_batch or put_batch, learner_rows
     self.reward_fn, self.group_size = reward_fn, group_size
