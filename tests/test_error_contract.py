@@ -43,6 +43,7 @@ CASES = [
     ("train_prompt_tokens", *TRAIN, "--config.data.max_prompt_tokens=0", "data.max_prompt_tokens"),
     ("train_weights", *TRAIN, "--config.rollout.weights=int3", "int3"),
     ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
+    ("train_placement", *TRAIN, "--config.rollout.placement=remote", "rollout.placement"),
     # train.py: files
     ("train_workdir_file", "launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/file",
      "is a file"),
@@ -96,6 +97,10 @@ CASES = [
     ("sweep_unknown_field", "launch/sweep.py", "--config=configs/sweeps/noise.py", "--config.stepz=1",
      "--workdir={d}/sweep", "no field 'stepz'"),
     ("plan_unknown_model", "launch/plan_memory.py", "--teacher=qwen9", "--student=qwen3-0.6b", "qwen9"),
+    ("plan_rollout_devices", "launch/plan_memory.py", "--teacher=qwen3-0.6b", "--student=qwen3-0.6b", "--devices=2",
+     "--placement=disaggregated", "--rollout_devices=2", "rollout.devices"),
+    ("ttq_target", "launch/bench_time_to_quality.py", "--config=configs/pair1.py", "--target=1.5",
+     "--workdir={d}/ttq", "--target must be in (0, 1]"),
     ("prefix_shift_noise", "launch/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
      "--noise"),
     ("sensitivity_weights", "launch/sensitivity.py", "--config=configs/pair1.py", "--weights=int3",
