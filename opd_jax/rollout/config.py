@@ -9,11 +9,10 @@ import jax
 from flax import nnx
 
 from opd_jax.errors import InputError
-from opd_jax.rollout import kv_cache, noise, precision
+from opd_jax.rollout import kv_cache, noise, placement, precision, snapshots
 from opd_jax.rollout.sampler import SamplingConfig
 
 NOISE_ORDERS = ("before_quant", "after_quant")
-SNAPSHOT_PLACES = ("device", "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +47,8 @@ class RolloutConfig:
       raise InputError(f"rollout.noise_sigma must be >= 0, got {self.noise_sigma!r}")
     if self.noise_order not in NOISE_ORDERS:
       raise InputError(f"rollout.noise_order must be one of {NOISE_ORDERS}, got {self.noise_order!r}")
-    from opd_jax.rollout.placement import PLACEMENTS
-    if self.placement not in PLACEMENTS:
-      raise InputError(f"rollout.placement must be one of {PLACEMENTS}, got {self.placement!r}")
+    if self.placement not in placement.PLACEMENTS:
+      raise InputError(f"rollout.placement must be one of {placement.PLACEMENTS}, got {self.placement!r}")
     if self.placement == "disaggregated" and (not isinstance(self.devices, int) or self.devices < 1):
       raise InputError(f"rollout.placement='disaggregated' needs rollout.devices >= 1 (the sampler's devices), "
                        f"got {self.devices!r}")
@@ -59,8 +57,8 @@ class RolloutConfig:
                        "set the placement or leave rollout.devices=0")
     if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
       raise InputError(f"rollout.tensor_parallel must be an integer >= 1, got {self.tensor_parallel!r}")
-    if self.snapshots_on not in SNAPSHOT_PLACES:
-      raise InputError(f"rollout.snapshots_on must be one of {SNAPSHOT_PLACES}, got {self.snapshots_on!r}")
+    if self.snapshots_on not in snapshots.PLACES:
+      raise InputError(f"rollout.snapshots_on must be one of {snapshots.PLACES}, got {self.snapshots_on!r}")
     if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
       raise InputError(f"rollout.samples_per_prompt must be an integer >= 1, got {self.samples_per_prompt!r}")
     self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens
@@ -97,7 +95,8 @@ class RolloutConfig:
     """samples_per_prompt: the group size rows come in (default: this config's; GRPO passes its group_size)."""
     return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, eos_ids=tuple(eos_ids), pad_id=pad_id, kv_dtype=self.kv_cache,
-                          logits_top_k=logits_top_k, samples_per_prompt=samples_per_prompt or self.samples_per_prompt)
+                          logits_top_k=logits_top_k,
+                          samples_per_prompt=samples_per_prompt or self.samples_per_prompt)
 
   def validate_for(self, state: nnx.State) -> None:
     """Checks the weight rules against a model's parameter paths (before any compilation)."""

@@ -18,7 +18,8 @@ to and including the first EOS; later slots hold `pad_id`, log-prob 0 and mask 0
 Groups: with `samples_per_prompt = n`, rows come in consecutive groups of n that share one prompt (OPD with
 several samples per prompt, GRPO's groups). Each distinct prompt is prefilled once and its KV cache and last
 logits are repeated to the n rows, so the prefill costs G = B / n rows instead of B; decoding then runs over
-all B rows. Under the same key the outputs equal those of prefilling every row (tests/test_sampler.py).
+all B rows. Under the same key the tokens equal those of prefilling every row, and the log-probs agree up to
+float summation order (tests/test_sampler.py).
 
 Shardings: given a mesh (the sampler's own, see rollout.placement), the program is jitted with explicit
 shardings -- weights on the inference layout, prompts and outputs over batch rows -- and the KV cache is
