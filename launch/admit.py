@@ -2,9 +2,15 @@
 
   python launch/admit.py --config=configs/pair1.py --budget=budget.json [--weights=fp8] [--kv_cache=fp8]
       [--staleness=2] [--noise=SIGMA] [--config.rollout.weight_rules=...]
+  python launch/admit.py --config=configs/pair1.py --budget=budget.json \
+      --candidates="weights=fp8;weights=fp8,kv_cache=fp8;weights=int8,staleness=2" [--shape=qwen3-8b]
 
 Prints ADMIT or REJECT with the measured mismatch, the budget, the margin and the confidence.
-Exit code: 0 admit, 1 reject, 2 bad input.
+With --candidates (a list, or a JSON / JSON-lines file; see opd_jax/screening/candidates.py) it screens them
+all in one process and prints a ranked table: measured k3, verdict, margin, and the weight bytes and KV-cache
+tokens each recipe gives at a real model shape (--shape, --device_memory_gb), admitted recipes first by KV
+tokens, so the cheapest admitted recipe is on top.
+Exit code: 0 admit (with --candidates: at least one admitted), 1 reject (none), 2 bad input.
 """
 
 import json
@@ -29,10 +35,45 @@ _NOISE = flags.DEFINE_float("noise", None, "Shorthand for --config.rollout.noise
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts (held-out split).")
 _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
 _JSON = flags.DEFINE_bool("json", False, "Also print the verdict as one JSON line.")
+_CANDIDATES = flags.DEFINE_string("candidates", None, "Many candidates: 'a=1,b=2;c=3' or a JSON / JSONL file.")
+_SHAPE = flags.DEFINE_string("shape", "qwen3-8b", "--candidates: real shape for the memory columns (configs/models).")
+_DEVICE_GB = flags.DEFINE_float("device_memory_gb", 80.0, "--candidates: device memory for the KV-token column.")
+
+
+def screen_candidates(start: float) -> bool:
+  from opd_jax.analysis.files import read_budget
+  from opd_jax.analysis.memory_plan import GIB, resolve_model
+  from opd_jax.screening import admission, candidates
+  from opd_jax.screening.calibration import Calibration
+  for value, flag in ((_WEIGHTS.value, "--weights"), (_KV.value, "--kv_cache"), (_STALENESS.value, "--staleness"),
+                      (_NOISE.value, "--noise")):
+    if value is not None:
+      raise InputError(f"{flag} and --candidates do not mix; put {flag[2:]}=... into each candidate")
+  if _DEVICE_GB.value <= 0:
+    raise InputError(f"--device_memory_gb must be > 0, got {_DEVICE_GB.value:g}")
+  budget_file = read_budget(_BUDGET.value)
+  config = _CONFIG.value
+  admission.pick_budget(budget_file, config.pair)
+  shape = resolve_model(_SHAPE.value, "--shape")
+  listed = candidates.parse(_CANDIDATES.value)
+  candidates.rollouts_for(config, listed)  # a bad candidate fails before any measuring
+  cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
+  setup = time.time() - start
+  rows = candidates.screen(cal, config, listed, budget_file, shape=shape, device_bytes=int(_DEVICE_GB.value * GIB),
+                           seed=_SEED.value)
+  print(candidates.format_table(rows, _SHAPE.value, _DEVICE_GB.value))
+  total = time.time() - start
+  print(f"{len(rows)} candidates in {total:.1f} s: {setup:.1f} s start-up and calibration batch, "
+        f"{(total - setup) / len(rows):.1f} s per candidate")
+  if _JSON.value:
+    print(json.dumps({"rows": rows, "setup_seconds": setup, "total_seconds": total}, default=list))
+  return any(r["admit"] for r in rows)
 
 
 def run() -> bool:
   start = time.time()
+  if _CANDIDATES.value is not None:
+    return screen_candidates(start)
   from opd_jax.analysis.files import read_budget
   if _PROMPTS.value < 1:
     raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")

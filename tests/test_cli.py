@@ -83,9 +83,40 @@ def test_admit_exit_codes(tiny_pair, tmp_path):
                                                   "bootstrap_budgets": [5e-4, 1e-3, 2e-3]}}}
   path = tmp_path / "budget.json"
   path.write_text(json.dumps(budget))
-  admitted = _run(*base, f"--budget={path}", "--weights=int8")
-  assert admitted.returncode == 0 and admitted.stdout.startswith("ADMIT"), admitted.stdout + admitted.stderr[-2000:]
+  # Many candidates in one process: ranked admitted-first by KV tokens at Qwen3-8B shapes, then by k3.
+  screened = _run(*base, f"--budget={path}", "--json", "--candidates=weights=int8;noise=0.5;kv_cache=int8")
+  assert screened.returncode == 0, screened.stdout + screened.stderr[-2000:]
+  rows = json.loads(screened.stdout.strip().splitlines()[-1])["rows"]
+  assert [(r["rank"], r["candidate"], r["admit"]) for r in rows] == [
+      (1, "kv_cache=int8", True), (2, "weights=int8", True), (3, "noise_sigma=0.5", False)]
+  assert rows[0]["kv_tokens"] > rows[1]["kv_tokens"] and rows[1]["weight_bytes"] < 0.6 * rows[0]["weight_bytes"]
+  assert "ADMIT" in screened.stdout and "KV tokens @ qwen3-8b" in screened.stdout
   rejected = _run(*base, f"--budget={path}", "--noise=0.5")
   assert rejected.returncode == 1 and rejected.stdout.startswith("REJECT"), rejected.stdout
   missing = _run(*base, f"--budget={tmp_path / 'nope.json'}")
   assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_candidates_parse_and_memory_columns(tmp_path):
+  from configs import common
+  from opd_jax.analysis.memory_plan import GIB, resolve_model
+  from opd_jax.screening import candidates
+  inline = candidates.parse("weights=fp8,kv=fp8,staleness=2;noise=0.1;quantize_embedding=true,weights=int8")
+  path = tmp_path / "c.jsonl"
+  path.write_text('{"name": "fp8 both", "weights": "fp8", "kv_cache": "fp8", "staleness_steps": 2}\n'
+                  '{"noise_sigma": 0.1}\n{"weights": "int8", "quantize_embedding": true}\n')
+  from_file = candidates.parse(str(path))
+  assert [c.overrides for c in inline] == [c.overrides for c in from_file]
+  assert [c.name for c in from_file] == ["fp8 both", "noise_sigma=0.1", "weights=int8,quantize_embedding=True"]
+  config = common.base_config("pair1")
+  rollouts = candidates.rollouts_for(config, inline)
+  shape = resolve_model("qwen3-8b", "--shape")
+  stale = candidates.capacity(shape, rollouts[0], 80 * GIB)
+  plain = candidates.capacity(shape, candidates.rollout_for(rollouts[0], candidates.Candidate("x", {
+      "staleness_steps": 0})), 80 * GIB)
+  assert stale["held_weight_bytes"] == 3 * stale["weight_bytes"] == 3 * plain["weight_bytes"]
+  assert stale["kv_tokens"] < plain["kv_tokens"]
+  for bad, message in (("weights=fp8;stalenes=2", "unknown rollout field"), ("weights", "is not field=value"),
+                       ("kv_cache=int4", "kv cache dtype 'int4'"), ("", "--candidates is empty")):
+    with pytest.raises(ValueError, match=message):
+      candidates.rollouts_for(config, candidates.parse(bad))

@@ -99,6 +99,8 @@ CASES = [
     ("plan_unknown_model", "launch/plan_memory.py", "--teacher=qwen9", "--student=qwen3-0.6b", "qwen9"),
     ("plan_rollout_devices", "launch/plan_memory.py", "--teacher=qwen3-0.6b", "--student=qwen3-0.6b", "--devices=2",
      "--placement=disaggregated", "--rollout_devices=2", "rollout.devices"),
+    ("admit_candidate_field", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/budget.json",
+     "--candidates=weights=fp8;kv_cache=fp8,stalenes=2", "unknown rollout field(s) ['stalenes']"),
     ("ttq_target", "launch/bench_time_to_quality.py", "--config=configs/pair1.py", "--target=1.5",
      "--workdir={d}/ttq", "--target must be in (0, 1]"),
     ("prefix_shift_noise", "launch/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
