@@ -55,14 +55,17 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   return versions
 
 
-def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: int = 0) -> dict:
-  """Mismatch metrics of `rollout` against the learner (see module docstring)."""
+def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: int = 0, versions=None) -> dict:
+  """Mismatch metrics of `rollout` against the learner (see module docstring). versions: lagged_versions()
+  with at least rollout.staleness_steps updates, to share one run between candidates (default: its own)."""
   key = jax.random.key(seed)
-  if rollout.staleness_steps == 0:
+  s = rollout.staleness_steps
+  if s == 0:
     return cal.measure(rollout, key)
-  versions = lagged_versions(cal, config, rollout.staleness_steps, seed)
+  if versions is None or len(versions) <= s:
+    versions = lagged_versions(cal, config, s, seed)
   fresh = dataclasses.replace(rollout, staleness_steps=0)
-  return cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[-1])
+  return cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[s])
 
 
 def pick_budget(budget_file: dict, pair: str) -> tuple[str, dict, str]:

@@ -22,8 +22,6 @@ import json
 import os
 import time
 
-import jax
-
 from opd_jax.errors import InputError
 from opd_jax.models.config import ModelConfig
 from opd_jax.rollout import memory
@@ -143,12 +141,7 @@ def screen(cal: Calibration, config, candidates: list[Candidate], budget_file: d
   rows = []
   for candidate, rollout in zip(candidates, rollouts):
     start = time.perf_counter()
-    key = jax.random.key(seed)
-    if rollout.staleness_steps:
-      fresh = dataclasses.replace(rollout, staleness_steps=0)
-      measured = cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[rollout.staleness_steps])
-    else:
-      measured = cal.measure(rollout, key)
+    measured = admission.measure_candidate(cal, config, rollout, seed, versions)
     verdict = admission.admit(measured, budget_file, config.pair)
     room = capacity(shape, rollout, device_bytes)
     rows.append({"candidate": candidate.name, "overrides": candidate.overrides, **verdict, **room,
