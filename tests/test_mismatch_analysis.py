@@ -20,17 +20,22 @@ def cal(tiny_pair):
   return Calibration.from_config(config, num_prompts=16)
 
 
-def test_scan_covers_every_group_and_ranks(cal):
-  rows = scan(cal, "fp8", RolloutConfig(max_new_tokens=12))
+@pytest.fixture(scope="module")
+def fp8_scan(cal):
+  return scan(cal, "fp8", RolloutConfig(max_new_tokens=12))
+
+
+def test_scan_covers_every_group_and_ranks(fp8_scan):
+  rows = fp8_scan
   names = {r["name"] for r in rows}
   assert {"layer 0", "layer 1", "q_proj", "down_proj", "embed"} <= names and "lm_head" not in names  # tied
   assert [r["k3"] for r in rows] == sorted((r["k3"] for r in rows), reverse=True)
   assert all(r["k3"] >= 0 for r in rows) and rows[0]["k3"] > 0
 
 
-def test_fit_recipe_keeps_layers_until_target(cal):
+def test_fit_recipe_keeps_layers_until_target(cal, fp8_scan):
   rollout = RolloutConfig(max_new_tokens=12)
-  rows = scan(cal, "fp8", rollout)
+  rows = fp8_scan
   everything = fit_recipe(cal, "fp8", rollout, rows, target_k3=float("inf"))
   assert everything["kept_bf16"] == [] and everything["k3"] > 0
   strict = fit_recipe(cal, "fp8", rollout, rows, target_k3=0.0)

@@ -95,7 +95,7 @@ def test_eight_devices_match_one(tiny_pair, objective):
   teacher = _teacher(tiny_pair)
   one_state, one = _step(graphdef, params, batch, shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1]), config,
                          sgd, teacher)
-  for shape in ((8, 1, 1), (2, 2, 2), (1, 4, 2)):
+  for shape in ((8, 1, 1), (2, 2, 2)):  # pure data parallel; data x fsdp x tensor together
     mesh = shard_lib.make_mesh(*shape)
     state, many = _step(graphdef, params, batch, mesh, config, sgd, teacher, logits_chunk=4, micro_batch_size=4)
     for key in ("loss", "grad_norm", "mismatch/k3", "opd/reverse_kl"):
