@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import pickle
 import resource
@@ -55,7 +54,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from opd_jax.errors import InputError
 from opd_jax.models.config import ModelConfig, read_hf_config
 from opd_jax.models.decoder import Decoder
-from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, state_shardings
+from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, per_device_bytes, state_shardings
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout import placement
@@ -285,15 +284,6 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
               "staleness_snapshots": [sampler_params] * plan.staleness_steps if on_device else [],
               "dense_snapshots": [state.params] * (plan.staleness_steps + 1) if split else []}
   return programs, resident
-
-
-def per_device_bytes(tree) -> int:
-  """Bytes one device holds of an abstract tree (each leaf's shard under its sharding)."""
-  total = 0
-  for leaf in jax.tree.leaves(tree):
-    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
-  return total
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ tensor parallelism (column-parallel q/k/v/gate/up, row-parallel o/down) plus ZeR
 
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -53,16 +54,32 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
   return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
 
 
-def _fit(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+def fit_spec(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  """`spec` padded to the rank of `shape`, each axis (a name or a tuple of names) dropped where its mesh size
+  does not divide the dimension."""
   spec = tuple(spec)[:len(shape)] + (None,) * max(len(shape) - len(spec), 0)
-  fitted = [axis if axis is not None and shape[i] % mesh.shape[axis] == 0 else None for i, axis in enumerate(spec)]
-  return PartitionSpec(*fitted)
+
+  def ways(axis):
+    return math.prod(mesh.shape[name] for name in (axis if isinstance(axis, tuple) else (axis,)))
+
+  return PartitionSpec(*[axis if axis is not None and shape[i] % ways(axis) == 0 else None
+                         for i, axis in enumerate(spec)])
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes one device holds of a tree of (abstract) arrays: each leaf's shard under its sharding."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+    total += math.prod(shape) * jax.numpy.dtype(leaf.dtype).itemsize
+  return total
 
 
 def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules=DEFAULT_RULES) -> PartitionSpec:
   for regex, spec in rules:
     if re.search(regex, path):
-      return _fit(spec, shape, mesh)
+      return fit_spec(spec, shape, mesh)
   return PartitionSpec()
 
 

@@ -18,7 +18,7 @@ Legend: B batch, K kv heads, H head dim, S cache slots.
 from __future__ import annotations
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from opd_jax.errors import InputError
 from opd_jax.models import sharding as shard_lib
@@ -67,17 +67,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return shard_lib.batch_sharding(mesh)
 
 
-def _fit(mesh: Mesh, shape, spec) -> PartitionSpec:
-  """`spec` with each axis dropped where it does not divide the dimension (tiny models run on any mesh)."""
-  def ways(axis):
-    names = axis if isinstance(axis, tuple) else (axis,)
-    size = 1
-    for name in names:
-      size *= mesh.shape[name]
-    return size
-  return PartitionSpec(*[a if a is not None and shape[i] % ways(a) == 0 else None for i, a in enumerate(spec)])
-
-
 def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
   """Pins a KV cache to the inference layout inside a jitted decode loop: rows over data, KV heads over tensor
   (the same split as the k/v projections' output columns, so writes need no communication)."""
@@ -86,7 +75,7 @@ def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
   def pin(x, spec):
     if x is None:
       return None
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, _fit(mesh, x.shape, spec)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, shard_lib.fit_spec(spec, x.shape, mesh)))
 
   layers = []
   for layer in cache.layers:  # keys [B, K, H, S], values [B, K, S, H], scales [B, K, 1, S] / [B, K, S, 1]

@@ -25,6 +25,7 @@ from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 from jax.sharding import Mesh
 
+from opd_jax.models import sharding as shard_lib
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 
@@ -66,13 +67,5 @@ class WeightSync:
     return state if self._same_devices else jax.device_put(state, self.shardings)
 
   def bytes_per_device(self) -> int:
-    """Bytes of the sampler's weights on its most loaded device."""
-    per_device: dict = {}
-    for leaf in jax.tree.leaves(self.abstract):
-      shard = leaf.sharding.shard_shape(leaf.shape)
-      size = leaf.dtype.itemsize
-      for dim in shard:
-        size *= dim
-      for device in leaf.sharding.device_set:
-        per_device[device] = per_device.get(device, 0) + size
-    return max(per_device.values(), default=0)
+    """Bytes of the sampler's weights on one of its devices."""
+    return shard_lib.per_device_bytes(self.abstract)
