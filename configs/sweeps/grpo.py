@@ -16,7 +16,7 @@ import sys
 import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quantization import SHORT_RUN  # noqa: E402
+from common import SHORT_RUN  # noqa: E402
 
 SIGMAS = (0.1, 0.15, 0.2, 0.3)  # where OPD starts to lose quality (configs/sweeps/noise.py)
 GRPO = (("objective.name", "grpo"), ("objective.group_size", 8), ("optimizer.learning_rate", 1e-4))

@@ -1,24 +1,28 @@
-"""Weight-noise study on pair1: relative Gaussian noise on the sampler's weights over a sigma grid.
+"""Weight-noise study: relative Gaussian noise on the sampler's weights over a sigma grid. Noise is the one
+source that reaches past every pair's budget, so it is what bounds a budget (see configs/sweeps/common.py for
+pairs= / steps= / lr= / objective= / seed=).
 
-  python launch/sweep.py --config=configs/sweeps/noise.py --workdir=runs/sweep_noise
+  python launch/sweep.py --config=configs/sweeps/noise.py --workdir=runs/sweep_noise                 # pair1
+  python launch/sweep.py --config=configs/sweeps/noise.py:pairs=all,grid=bound --workdir=runs/sweep_noise_all
+  python launch/sweep.py --config=configs/sweeps/noise.py:steps=75,grid=bound --workdir=runs/sweep_noise_75
 """
 
 import os
 import sys
 
-import ml_collections
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quantization import SHORT_RUN  # noqa: E402
+from common import sweep_config  # noqa: E402
 
-SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)
+SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)  # grid=full
+BOUND_SIGMAS = (0.05, 0.1, 0.15, 0.175, 0.2, 0.3)  # grid=bound: around pair1's crossing (sigma 0.15-0.175)
 
 
 def get_config(arg=None):
-  del arg
-  c = ml_collections.ConfigDict()
-  c.name = "noise"
-  c.pairs = ("pair1",)
-  c.base_overrides = SHORT_RUN
-  c.points = (("baseline", ()),) + tuple((f"noise_{s:g}", (("rollout.noise_sigma", s),)) for s in SIGMAS)
-  return c
+  parts = [p for p in (arg or "").split(",") if p]
+  grid = next((p.split("=", 1)[1] for p in parts if p.startswith("grid=")), "full")
+  if grid not in ("full", "bound"):
+    raise ValueError(f"config argument grid={grid!r} must be full or bound")
+  rest = ",".join(p for p in parts if not p.startswith("grid="))
+  sigmas = SIGMAS if grid == "full" else BOUND_SIGMAS
+  points = (("baseline", ()),) + tuple((f"noise_{s:g}", (("rollout.noise_sigma", s),)) for s in sigmas)
+  return sweep_config("noise", rest, ("pair1",), points)

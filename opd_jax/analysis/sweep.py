@@ -94,6 +94,8 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
       config.train.resume = True  # a crashed point resumes from its last checkpoint on rerun
       row["rollout"] = {k: (list(map(list, v)) if k == "weight_rules" else v) for k, v in dict(config.rollout).items()}
       row["mode"] = config.train.mode
+      # The horizon and the optimizer a budget is for (a budget calibrated at 150 steps is not one for 75).
+      row.update(steps=config.train.steps, learning_rate=config.optimizer.learning_rate, seed=config.seed)
       row["objective"] = config.objective.name if "objective" in config else None
       _discard_if_config_changed(workdir, config)
       train_fn(config, workdir)

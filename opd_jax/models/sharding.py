@@ -72,8 +72,17 @@ def per_device_bytes(tree) -> int:
   for leaf in jax.tree.leaves(tree):
     sharding = getattr(leaf, "sharding", None)
     shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
-    total += math.prod(shape) * jax.numpy.dtype(leaf.dtype).itemsize
+    total += array_bytes(shape, leaf.dtype)
   return total
+
+
+def array_bytes(shape, dtype) -> int:
+  """Bytes an array of this shape and dtype occupies on an accelerator: 4-bit dtypes pack two per byte
+  (numpy reports itemsize 1 for them; TPU and GPU store them packed)."""
+  size = math.prod(shape)
+  if jax.numpy.dtype(dtype).name in ("int4", "uint4", "float4_e2m1fn"):
+    return (size + 1) // 2
+  return size * jax.numpy.dtype(dtype).itemsize
 
 
 def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules=DEFAULT_RULES) -> PartitionSpec:

@@ -12,6 +12,9 @@ kv_dtype:
   "bf16"      rounded to bfloat16
   "int8"      symmetric int8, one float32 scale per (token, kv head): scale = max|x| / 127
   "fp8_e4m3"  float8_e4m3fn, one float32 scale per (token, kv head): scale = max|x| / 448
+  "fp8_e5m2"  float8_e5m2 (2 mantissa bits: coarser, wider range), scale = max|x| / 57344
+  "int4"      symmetric int4 (levels -7..7), one float32 scale per (token, kv head): scale = max|x| / 7;
+              two values per byte (head dims h and h + H/2 share one), so the cache really is half of int8's
 Attention reads dequantized values (values * scale) in the compute dtype.
 
 fp8 values are kept as their bit patterns in uint8 buffers (same bytes): XLA:CPU has no fp8 arithmetic
@@ -28,17 +31,35 @@ import jax.numpy as jnp
 
 from opd_jax.errors import InputError
 
-KV_DTYPES = ("native", "bf16", "int8", "fp8_e4m3")
-_STORAGE = {"bf16": jnp.bfloat16, "int8": jnp.int8, "fp8_e4m3": jnp.uint8}  # buffer dtypes (fp8: bits)
-_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0}
+KV_DTYPES = ("native", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
+# buffer dtypes (fp8: bit patterns; int4: two 4-bit values per byte)
+_STORAGE = {"bf16": jnp.bfloat16, "int8": jnp.int8, "int4": jnp.uint8, "fp8_e4m3": jnp.uint8,
+            "fp8_e5m2": jnp.uint8}
+_QMAX = {"int8": 127.0, "int4": 7.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+_FP8 = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
+_VALUE_BITS = {"bf16": 16, "int8": 8, "int4": 4, "fp8_e4m3": 8, "fp8_e5m2": 8}
 
 
 def check_kv_dtype(kv_dtype: str) -> str:
-  aliases = {"fp8": "fp8_e4m3", "bfloat16": "bf16", "none": "native"}
+  aliases = {"fp8": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16", "none": "native"}
   kv_dtype = aliases.get(kv_dtype, kv_dtype)
   if kv_dtype not in KV_DTYPES:
-    raise InputError(f"kv cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)} (or fp8, none)")
+    raise InputError(f"kv cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)} (or fp8, e5m2, none)")
   return kv_dtype
+
+
+def _pack_int4(q_int: jax.Array) -> jax.Array:
+  """[..., H] integers in -7..7 -> [..., H/2] uint8: dims h (low nibble) and h + H/2 (high nibble)."""
+  half = q_int.shape[-1] // 2
+  nibbles = q_int.astype(jnp.int32) & 0xF
+  return (nibbles[..., :half] | (nibbles[..., half:] << 4)).astype(jnp.uint8)
+
+
+def _unpack_int4(packed: jax.Array, axis: int) -> jax.Array:
+  """Inverse of `_pack_int4` along `axis` of the stored layout -> int32 values, that axis doubled."""
+  p = packed.astype(jnp.int32)
+  signed = lambda n: n - 16 * (n >= 8)
+  return jnp.concatenate([signed(p & 0xF), signed(p >> 4)], axis=axis)
 
 
 def _quantize(x_BxTxKxH: jax.Array, kv_dtype: str):
@@ -49,17 +70,23 @@ def _quantize(x_BxTxKxH: jax.Array, kv_dtype: str):
   scale_BxTxKx1 = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / _QMAX[kv_dtype]
   scale_BxTxKx1 = jnp.where(scale_BxTxKx1 > 0, scale_BxTxKx1, 1.0)
   scaled = x32 / scale_BxTxKx1
+  qmax = _QMAX[kv_dtype]
   if kv_dtype == "int8":
-    return jnp.clip(jnp.round(scaled), -127, 127).astype(jnp.int8), scale_BxTxKx1
-  return jax.lax.bitcast_convert_type(scaled.astype(jnp.float8_e4m3fn), jnp.uint8), scale_BxTxKx1
+    return jnp.clip(jnp.round(scaled), -qmax, qmax).astype(jnp.int8), scale_BxTxKx1
+  if kv_dtype == "int4":
+    return _pack_int4(jnp.clip(jnp.round(scaled), -qmax, qmax)), scale_BxTxKx1
+  return jax.lax.bitcast_convert_type(scaled.astype(_FP8[kv_dtype]), jnp.uint8), scale_BxTxKx1
 
 
-def _dequantize(values, scale, kv_dtype: str, dtype) -> jax.Array:
-  """Stored values (and scales) -> what attention reads, in `dtype`."""
+def _dequantize(values, scale, kv_dtype: str, dtype, head_axis: int = -1) -> jax.Array:
+  """Stored values (and scales) -> what attention reads, in `dtype`; `head_axis` is the head-dim axis of the
+  stored layout (int4 packs along it)."""
   if scale is None:
     return values.astype(dtype)
-  if kv_dtype == "fp8_e4m3":
-    values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
+  if kv_dtype in _FP8:
+    values = jax.lax.bitcast_convert_type(values, _FP8[kv_dtype])
+  elif kv_dtype == "int4":
+    values = _unpack_int4(values, head_axis)
   return (values.astype(jnp.float32) * scale).astype(dtype)
 
 
@@ -67,7 +94,7 @@ def quantize_dequantize(x_BxTxKxH: jax.Array, kv_dtype: str) -> jax.Array:
   """What attention reads back after storing `x` in `kv_dtype` (for tests and error measurements)."""
   kv_dtype = check_kv_dtype(kv_dtype)
   values, scale = _quantize(x_BxTxKxH, kv_dtype)
-  return _dequantize(values, scale, kv_dtype, x_BxTxKxH.dtype)
+  return _dequantize(values, scale, kv_dtype, x_BxTxKxH.dtype, head_axis=-1)
 
 
 @jax.tree_util.register_dataclass
@@ -107,8 +134,8 @@ class LayerKV:
 
   def read(self, dtype):
     """(k_BxKxHxS, v_BxKxSxH) dequantized to `dtype`."""
-    return (_dequantize(self.k_BxKxHxS, self.k_scale_BxKx1xS, self.kv_dtype, dtype),
-            _dequantize(self.v_BxKxSxH, self.v_scale_BxKxSx1, self.kv_dtype, dtype))
+    return (_dequantize(self.k_BxKxHxS, self.k_scale_BxKx1xS, self.kv_dtype, dtype, head_axis=2),
+            _dequantize(self.v_BxKxSxH, self.v_scale_BxKxSx1, self.kv_dtype, dtype, head_axis=3))
 
 
 @jax.tree_util.register_dataclass
@@ -146,6 +173,10 @@ class KVCache:
     kv_dtype = check_kv_dtype(kv_dtype)
     storage = _STORAGE.get(kv_dtype, compute_dtype)
     B, S, K, H = batch, slots, num_kv_heads, head_dim
+    if kv_dtype == "int4":
+      if H % 2:
+        raise InputError(f"kv cache int4 packs two head dims per byte and needs an even head_dim, got {H}")
+      H //= 2
     scale = lambda shape: jnp.ones(shape, jnp.float32) if kv_dtype in _QMAX else None  # per (token, head)
 
     def layer():
@@ -159,6 +190,6 @@ def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, kv_
                        native_bytes: int = 2) -> int:
   """Bytes one cached token costs across all layers (keys + values + per-(token, head) scales)."""
   kv_dtype = check_kv_dtype(kv_dtype)
-  value_bytes = {"native": native_bytes, "bf16": 2, "int8": 1, "fp8_e4m3": 1}[kv_dtype]
+  value_bits = 8 * native_bytes if kv_dtype == "native" else _VALUE_BITS[kv_dtype]
   scale_bytes = 4 if kv_dtype in _QMAX else 0
-  return 2 * num_layers * num_kv_heads * (head_dim * value_bytes + scale_bytes)
+  return 2 * num_layers * num_kv_heads * (head_dim * value_bits // 8 + scale_bytes)

@@ -8,16 +8,22 @@ precision. Precisions:
   none       learner precision, untouched
   bf16       rounded to bfloat16 and stored as bfloat16
   int8       AQT symmetric int8 (abs-max calibration), stored int8 + float32 scales
+  int4       AQT symmetric int4 (levels -7..7), stored int4 (two per byte on TPU / GPU) + float32 scales
   fp8_e4m3   AQT float8_e4m3fn, stored fp8 + float32 scales (max |q| = 448)
   fp8_e5m2   AQT float8_e5m2, stored fp8 + float32 scales
+  fp8_e4m3_tensor  float8_e4m3fn with ONE scale per tensor (the per-tensor recipe of early fp8 engines)
 
-Granularity of int8/fp8 scales: one per output channel of every Linear kernel ([in, out] -> scales [1, out])
-and one per row (token) of the embedding table ([V, D] -> scales [V, 1]). int8/fp8 apply to matrices only;
-a vector (norm weight, bias) that such a rule matches keeps learner precision. The quantized tensors are
+Granularity of scales: one per output channel of every Linear kernel ([in, out] -> scales [1, out]) and one
+per row (token) of the embedding table ([V, D] -> scales [V, 1]), except the `_tensor` precisions (one scale
+for the whole matrix, so one outlier channel coarsens every other). int4 is per channel, not grouped: with
+these pairs' widths (64-256 input features) a 128-group recipe (AWQ / GPTQ style) would be nearly the same
+thing, and per channel is the harsher, cheaper end. Quantized precisions apply to matrices only; a vector
+(norm weight, bias) that such a rule matches keeps learner precision. The quantized tensors are
 `aqt.jax.v2.aqt_tensor.QTensor`s kept in the model state, so the memory saving is real (see `state_bytes`),
 and each Linear dequantizes its weight right before its matmul (weight-only quantization).
 
-Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `fp8` / `fp8_e5m2` (every decoder
+Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `int4` / `fp8` / `fp8_e5m2` /
+`fp8_tensor` (every decoder
 Linear kernel; embeddings, lm_head, norms and biases untouched, as in common int8/fp8 serving recipes).
 With `embedding=True` the int8/fp8 shorthands also store the input embedding table at that precision
 (per-row scales; a lookup, so only the looked-up rows are dequantized). With tied embeddings that table is the
@@ -36,11 +42,16 @@ from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 
 from opd_jax.errors import InputError
+from opd_jax.models.sharding import array_bytes
 
-PRECISIONS = ("none", "bf16", "int8", "fp8_e4m3", "fp8_e5m2")
-_ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16"}
-_AQT_BITS = {"int8": 8, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
-_STORAGE = {"int8": jnp.int8, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
+PRECISIONS = ("none", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_tensor")
+_ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16",
+            "fp8_tensor": "fp8_e4m3_tensor"}
+_AQT_BITS = {"int8": 8, "int4": 4, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp8_e4m3_tensor": "e4m3"}
+_STORAGE = {"int8": jnp.int8, "int4": jnp.int4, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
+            "fp8_e4m3_tensor": jnp.float8_e4m3fn}
+QUANTIZED = tuple(_AQT_BITS)  # precisions stored as values + scales (matrices only)
+PER_TENSOR = ("fp8_e4m3_tensor",)
 _EMBEDDING = r"^embed_tokens\.embedding$"
 _DECODER_LINEARS = r"^layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.kernel$"
 
@@ -50,7 +61,7 @@ Rules = tuple[tuple[str, str], ...]
 def canonical_precision(name: str) -> str:
   name = _ALIASES.get(name, name)
   if name not in PRECISIONS:
-    raise InputError(f"weight precision {name!r} is not one of {', '.join(PRECISIONS)} (or fp8)")
+    raise InputError(f"weight precision {name!r} is not one of {', '.join(PRECISIONS)} (or fp8, fp8_tensor)")
   return name
 
 
@@ -105,6 +116,8 @@ def quantize_tensor(value: jax.Array, precision: str, path: str):
     return value.astype(jnp.bfloat16)
   # Scales per output channel: kernels [in, out] calibrate over axis 0, the embedding [V, D] over axis 1.
   calibration_axes = [1] if path.endswith("embedding") else [0]
+  if precision in PER_TENSOR:
+    calibration_axes = [0, 1]
   quantizer = aqt_quantizer.quantizer_make(_AQT_BITS[precision])
   qtensor, _ = quantizer.quant(value.astype(jnp.float32), calibration_axes=calibration_axes)
   qtensor = qtensor.qvalue_astype(_STORAGE[precision])
@@ -135,5 +148,5 @@ def dequantized(state: nnx.State) -> nnx.State:
 
 
 def state_bytes(state) -> int:
-  """Bytes actually held by a state's arrays (quantized values + scales count as stored)."""
-  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state) if hasattr(leaf, "dtype"))
+  """Bytes actually held by a state's arrays (quantized values + scales count as stored; int4 packed)."""
+  return sum(array_bytes(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(state) if hasattr(leaf, "dtype"))

@@ -1,0 +1,60 @@
+"""What every sweep config shares: the short run each point trains, and the arguments that vary it.
+
+Arguments (after the file name, comma-separated), on every sweep:
+  pairs=pair1+pair2   the pairs to run ("all" = the three embedded pairs; default: the sweep's own)
+  steps=150           learner updates per point (the horizon a calibrated budget is for)
+  lr=0.001            AdamW peak learning rate of every point
+  objective=NAME      OPD objective of every point (default: the pair config's, reverse_kl)
+  seed=0              sampling / data-order seed of every point (README: the seed spread of a baseline)
+A non-default argument is appended to the sweep's name ("noise[steps=75]"), so its rows never mix with
+the default run's in one results.jsonl, and rows record steps / lr / objective / seed themselves.
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from configs.common import parse_arg  # noqa: E402
+
+PAIRS = ("pair1", "pair2", "pair3")
+STEPS = 150  # learner updates per point; evaluations at the start and the end only
+
+SHORT_RUN = (  # shared by every sweep: each point trains this long and evaluates at its start and end
+    ("train.steps", STEPS),
+    ("train.log_every", 10),
+    ("train.eval_every", STEPS),
+    ("train.eval_size", 256),
+    ("train.eval_sampled", False),
+    ("train.checkpoint_every", STEPS),
+)
+
+
+def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], points) -> ml_collections.ConfigDict:
+  """A sweep: `points` ((name, ((dotted field, value), ...)), ...) over pairs, varied by the arguments above."""
+  args = parse_arg(arg, pairs="", steps=STEPS, lr=0.0, objective="", seed=0)
+  pairs = PAIRS if args.pairs == "all" else tuple(filter(None, args.pairs.split("+"))) or default_pairs
+  unknown = [p for p in pairs if p not in PAIRS]
+  if unknown:
+    raise ValueError(f"config argument pairs={args.pairs!r}: unknown pair(s) {unknown}; known: {list(PAIRS)} or all")
+  if args.steps < 1:
+    raise ValueError(f"config argument steps={args.steps} must be >= 1")
+  overrides = dict(SHORT_RUN)
+  overrides.update({"train.steps": args.steps, "train.eval_every": args.steps, "train.checkpoint_every": args.steps})
+  tags = [f"steps={args.steps}"] if args.steps != STEPS else []
+  if args.lr:
+    overrides["optimizer.learning_rate"] = args.lr
+    tags.append(f"lr={args.lr:g}")
+  if args.objective:
+    overrides["objective.name"] = args.objective
+    tags.append(f"objective={args.objective}")
+  if args.seed:
+    overrides["seed"] = args.seed
+    tags.append(f"seed={args.seed}")
+  c = ml_collections.ConfigDict()
+  c.name = name + (f"[{','.join(tags)}]" if tags else "")
+  c.pairs = pairs
+  c.base_overrides = tuple(overrides.items())
+  c.points = tuple(points)
+  return c
