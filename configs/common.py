@@ -99,8 +99,12 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.objective = ml_collections.ConfigDict()  # see opd_jax/objectives/losses.py
   c.objective.name = "reverse_kl_pg"  # reverse_kl_pg | reverse_kl | forward_kl | jsd | *_topk | grpo (RL baseline)
   c.objective.student_logp = "learner"  # reverse_kl_pg advantage uses the learner's or the sampler's log pi_S
-  c.objective.importance = "none"  # reverse_kl_pg token weights: none | tis | mis
-  c.objective.is_cap = 2.0  # C for tis / mis
+  # reverse_kl_pg / grpo weights from pi_theta / mu: none | tis | mis (per token) | seq_tis | geo_tis | geo_reject
+  # (per sequence; see opd_jax/objectives/losses.py)
+  c.objective.importance = "none"
+  c.objective.is_cap = 2.0  # C for tis / mis / seq_tis / geo_tis
+  c.objective.geo_lo = 0.9  # geo_reject keeps a sequence whose geometric-mean ratio is in [geo_lo, geo_hi]
+  c.objective.geo_hi = 1.1
   c.objective.beta = 0.5  # jsd interpolation
   c.objective.top_k = 16  # support of the *_topk objectives
   c.objective.temperature = 1.0  # full-vocabulary objectives divide both logits by this

@@ -34,6 +34,8 @@ _STALENESS = flags.DEFINE_integer("staleness", None, "Shorthand for --config.rol
 _NOISE = flags.DEFINE_float("noise", None, "Shorthand for --config.rollout.noise_sigma.")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts (held-out split).")
 _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
+_STEPS = flags.DEFINE_integer("steps", None, "Run length the candidate is for: picks the budget calibrated at the "
+                              "nearest horizon (default: the config's train.steps).")
 _JSON = flags.DEFINE_bool("json", False, "Also print the verdict as one JSON line.")
 _CANDIDATES = flags.DEFINE_string("candidates", None, "Many candidates: 'a=1,b=2;c=3' or a JSON / JSONL file.")
 _SHAPE = flags.DEFINE_string("shape", "qwen3-8b", "--candidates: real shape for the memory columns (configs/models).")
@@ -53,21 +55,30 @@ def screen_candidates(start: float) -> bool:
     raise InputError(f"--device_memory_gb must be > 0, got {_DEVICE_GB.value:g}")
   budget_file = read_budget(_BUDGET.value)
   config = _CONFIG.value
-  admission.pick_budget(budget_file, config.pair)
+  admission.pick_budget(budget_file, config.pair, run_steps(config))
   shape = resolve_model(_SHAPE.value, "--shape")
   listed = candidates.parse(_CANDIDATES.value)
   candidates.rollouts_for(config, listed)  # a bad candidate fails before any measuring
   cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
   setup = time.time() - start
   rows = candidates.screen(cal, config, listed, budget_file, shape=shape, device_bytes=int(_DEVICE_GB.value * GIB),
-                           seed=_SEED.value)
+                           seed=_SEED.value, steps=run_steps(config))
   print(candidates.format_table(rows, _SHAPE.value, _DEVICE_GB.value))
+  _, _, note = admission.pick_budget(budget_file, config.pair, run_steps(config))
+  if note:
+    print(f"budget: {note}")
   total = time.time() - start
   print(f"{len(rows)} candidates in {total:.1f} s: {setup:.1f} s start-up and calibration batch, "
         f"{(total - setup) / len(rows):.1f} s per candidate")
   if _JSON.value:
     print(json.dumps({"rows": rows, "setup_seconds": setup, "total_seconds": total}, default=list))
   return any(r["admit"] for r in rows)
+
+
+def run_steps(config) -> int:
+  if _STEPS.value is not None and _STEPS.value < 1:
+    raise InputError(f"--steps={_STEPS.value} must be >= 1 (the run length the candidate is for)")
+  return _STEPS.value or config.train.steps
 
 
 def run() -> bool:
@@ -88,11 +99,11 @@ def run() -> bool:
   from opd_jax.screening.calibration import Calibration
   from opd_jax.rollout.config import RolloutConfig
   rollout = RolloutConfig.from_config(config.rollout)
-  admission.pick_budget(budget_file, config.pair)  # fail on a missing budget before any work
+  admission.pick_budget(budget_file, config.pair, run_steps(config))  # fail on a missing budget before any work
   cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
   rollout.validate_for(cal.params)
   measured = admission.measure_candidate(cal, config, rollout, _SEED.value)
-  result = admission.admit(measured, budget_file, config.pair)
+  result = admission.admit(measured, budget_file, config.pair, run_steps(config))
   result["wall_seconds"] = time.time() - start
   word = "ADMIT" if result["admit"] else "REJECT"
   source = result["budget_source"] + (f"; {result['budget_note']}" if result["budget_note"] else "")

@@ -45,10 +45,25 @@ def _np_token_logp(logits, tokens):
   return np.take_along_axis(_np_log_softmax(logits.astype(np.float64)), tokens[..., None], -1)[..., 0]
 
 
-@pytest.mark.parametrize("importance", ["none", "tis", "mis"])
+def _np_weights(kind, log_ratio, m, cap, bounds):
+  """Independent float64 importance weights [B, R] of every kind (sequence kinds broadcast per row)."""
+  ratio = np.exp(log_ratio)
+  log_rho = (log_ratio * m).sum(1)
+  geo = np.exp(log_rho / np.maximum(m.sum(1), 1))
+  per_row = {"seq_tis": np.minimum(np.exp(log_rho), cap), "geo_tis": np.minimum(geo, cap),
+             "geo_reject": ((geo >= bounds[0]) & (geo <= bounds[1])).astype(np.float64)}
+  if kind in per_row:
+    return np.broadcast_to(per_row[kind][:, None], ratio.shape)
+  return {"none": np.ones_like(ratio), "tis": np.minimum(ratio, cap),
+          "mis": ((ratio >= 1 / cap) & (ratio <= cap)).astype(np.float64)}[kind]
+
+
+@pytest.mark.parametrize("importance", losses.IMPORTANCE)
 @pytest.mark.parametrize("student_logp", ["learner", "sampler"])
 def test_reverse_kl_pg_gradient(data, importance, student_logp):
-  config = ObjectiveConfig(name="reverse_kl_pg", importance=importance, student_logp=student_logp, is_cap=1.5)
+  bounds = (0.1, 1.2)  # geometric ratios of rows 0 / 1 are 0.03 / 0.15: one rejected, one kept (asserted)
+  config = ObjectiveConfig(name="reverse_kl_pg", importance=importance, student_logp=student_logp, is_cap=1.5,
+                           geo_lo=bounds[0], geo_hi=bounds[1])
   grad = np.asarray(jax.grad(_loss_of_logits(data, config))(jnp.asarray(data["student"])), np.float64)
   s = data["student"].astype(np.float64)
   m = data["mask"].astype(np.float64)
@@ -56,9 +71,11 @@ def test_reverse_kl_pg_gradient(data, importance, student_logp):
   tp = _np_token_logp(data["teacher"], data["tokens"])
   mu = data["sampler_logp"].astype(np.float64)
   advantage = tp - (lp if student_logp == "learner" else mu)
-  ratio = np.exp(lp - mu)
-  w = {"none": np.ones_like(ratio), "tis": np.minimum(ratio, 1.5),
-       "mis": ((ratio >= 1 / 1.5) & (ratio <= 1.5)).astype(np.float64)}[importance]
+  w = _np_weights(importance, lp - mu, m, 1.5, bounds)
+  if importance == "geo_reject":
+    assert w[0, 0] != w[1, 0], "the bounds should keep one of rows 0 / 1 and reject the other"
+  if importance in losses.SEQUENCE_IMPORTANCE:
+    assert np.all(w == w[:, :1]), "a sequence weight is shared by all the response's tokens"
   onehot = np.eye(V)[data["tokens"]]
   expected = -(w * advantage * m)[..., None] * (onehot - np.exp(_np_log_softmax(s))) / m.sum()
   np.testing.assert_allclose(grad, expected, atol=2e-6)

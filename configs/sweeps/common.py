@@ -31,8 +31,10 @@ SHORT_RUN = (  # shared by every sweep: each point trains this long and evaluate
 )
 
 
-def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], points) -> ml_collections.ConfigDict:
-  """A sweep: `points` ((name, ((dotted field, value), ...)), ...) over pairs, varied by the arguments above."""
+def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], points,
+                 base=()) -> ml_collections.ConfigDict:
+  """A sweep: `points` ((name, ((dotted field, value), ...)), ...) over pairs, varied by the arguments above;
+  `base`: the sweep's own overrides of every point (the arguments win over them)."""
   args = parse_arg(arg, pairs="", steps=STEPS, lr=0.0, objective="", seed=0)
   pairs = PAIRS if args.pairs == "all" else tuple(filter(None, args.pairs.split("+"))) or default_pairs
   unknown = [p for p in pairs if p not in PAIRS]
@@ -40,7 +42,7 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
     raise ValueError(f"config argument pairs={args.pairs!r}: unknown pair(s) {unknown}; known: {list(PAIRS)} or all")
   if args.steps < 1:
     raise ValueError(f"config argument steps={args.steps} must be >= 1")
-  overrides = dict(SHORT_RUN)
+  overrides = dict(SHORT_RUN + tuple(base))
   overrides.update({"train.steps": args.steps, "train.eval_every": args.steps, "train.checkpoint_every": args.steps})
   tags = [f"steps={args.steps}"] if args.steps != STEPS else []
   if args.lr:

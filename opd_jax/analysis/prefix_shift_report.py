@@ -24,11 +24,24 @@ def run(config, sigmas: list[float], out: str, *, num_prompts: int, seed: int) -
   print("  ".join(f"{title:>10}" for _, title, _ in _COLUMNS))
   for row in rows:
     print("  ".join(f"{fmt.format(row[key]):>10}" for key, _, fmt in _COLUMNS))
+  print(format_corrections(rows))
   os.makedirs(out, exist_ok=True)
   write_json(os.path.join(out, "prefix_shift.json"), {"pair": config.pair, "prompts": num_prompts, "rows": rows})
   plot(rows, config.pair, os.path.join(out, "prefix_shift.png"))
   print(f"wrote {out}/prefix_shift.json and prefix_shift.png")
   return rows
+
+
+def format_corrections(rows: list[dict]) -> str:
+  """Per sigma and correction: error of the weighted OPD estimate vs the clean sampler's prefix KL, the prefix
+  shift left after reweighting, share of responses kept, effective sample size."""
+  lines = ["corrections on the noisy rollouts (vs KL on the clean sampler's prefixes):",
+           f"{'sigma':>6}  {'correction':<11} {'k1 error':>9} {'shift left':>10} {'kept':>6} {'ESS':>6}"]
+  for row in rows:
+    for kind, c in row["corrections"].items():
+      lines.append(f"{row['sigma']:>6.3g}  {kind:<11} {c['k1_error']:>+9.4f} {c['shift']:>+10.4f} "
+                   f"{c['kept']:>6.0%} {c['ess']:>6.0%}")
+  return "\n".join(lines)
 
 
 def plot(rows: list[dict], pair: str, path: str) -> str:

@@ -41,7 +41,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
     start = time.time()
     measured = admission.measure_candidate(calibrations[row["pair"]], config,
                                            RolloutConfig.from_config(config.rollout), seed)
-    result = admission.admit(measured, budget_file, row["pair"])
+    result = admission.admit(measured, budget_file, row["pair"], row.get("steps"))
     source = budget_file["budgets"][result["budget_source"]]
     quality_loss = -row["delta_final_accuracy"]
     real_ok = quality_loss <= source["tolerance_abs"]

@@ -11,6 +11,16 @@ tokens a_t. Log-probs and logits are float32.
                    none  1
                    tis   min(pi_theta / mu, C)                          (truncated importance sampling)
                    mis   1[1/C <= pi_theta / mu <= C] (masked importance sampling)
+                 and per sequence y (every token of y gets its sequence's weight; rho = pi_theta(y) / mu(y) is the
+                 product of the token ratios over the response, g = rho^(1/|y|) their geometric mean):
+                   seq_tis     min(rho, C)                   (sequence-level truncated IS)
+                   geo_tis     min(g, C)                     (geometric-mean IS: length-normalized, so long
+                                                              responses do not drive it to 0 or C)
+                   geo_reject  1[geo_lo <= g <= geo_hi]      (rejects whole sequences whose rollout drifted,
+                                                              e.g. verl's geometric rejection sampling)
+                 Token weights correct which token was drawn at a prefix; only sequence weights can also
+                 reweight which prefixes were reached (README, prefix-shift table). Zero weights keep their
+                 tokens in the loss's denominator (the token mean of the batch), as mis does.
   reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix.
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
@@ -44,7 +54,8 @@ import jax.numpy as jnp
 
 from opd_jax.errors import InputError
 
-IMPORTANCE = ("none", "tis", "mis")
+IMPORTANCE = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
+SEQUENCE_IMPORTANCE = ("seq_tis", "geo_tis", "geo_reject")
 STUDENT_LOGP = ("learner", "sampler")
 
 
@@ -52,8 +63,10 @@ STUDENT_LOGP = ("learner", "sampler")
 class ObjectiveConfig:
   name: str = "reverse_kl_pg"  # see module docstring; names in OBJECTIVES
   student_logp: str = "learner"  # reverse_kl_pg: whose log pi_S enters the advantage
-  importance: str = "none"  # reverse_kl_pg: none | tis | mis
-  is_cap: float = 2.0  # C for tis / mis
+  importance: str = "none"  # reverse_kl_pg / grpo: none | tis | mis | seq_tis | geo_tis | geo_reject
+  is_cap: float = 2.0  # C for tis / mis / seq_tis / geo_tis
+  geo_lo: float = 0.9  # geo_reject: keep sequences whose geometric-mean ratio is in [geo_lo, geo_hi]
+  geo_hi: float = 1.1
   beta: float = 0.5  # jsd / jsd_topk
   top_k: int = 16  # *_topk support size
   temperature: float = 1.0  # divides student and teacher logits in the full-vocabulary objectives
@@ -69,6 +82,9 @@ class ObjectiveConfig:
     if self.name == "grpo" and self.group_size < 2:
       raise InputError(f"objective.group_size must be >= 2 for grpo (advantages compare responses to the "
                        f"same prompt), got {self.group_size}")
+    if not 0 < self.geo_lo <= 1 <= self.geo_hi:
+      raise InputError(f"objective.geo_lo / geo_hi must satisfy 0 < geo_lo <= 1 <= geo_hi, got {self.geo_lo}, "
+                       f"{self.geo_hi}")
     if self.is_cap <= 1 or not 0 <= self.beta <= 1 or self.top_k < 1 or self.temperature <= 0:
       raise InputError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
                        f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
@@ -168,9 +184,23 @@ def group_advantages(reward_B: jax.Array, group_size: int) -> jax.Array:
   return ((reward_GxN - mean_Gx1) / (std_Gx1 + 1e-6)).reshape(-1)
 
 
-def importance_weights(learner_logp_BxR, sampler_logp_BxR, kind: str, cap: float) -> jax.Array:
-  """Detached per-token weights from the ratio pi_theta / mu."""
-  ratio_BxR = jnp.exp(jnp.clip(jax.lax.stop_gradient(learner_logp_BxR - sampler_logp_BxR), -20.0, 20.0))
+def importance_weights(learner_logp_BxR, sampler_logp_BxR, kind: str, cap: float, mask_BxR=None,
+                       geo_bounds: tuple[float, float] = (0.9, 1.1)) -> jax.Array:
+  """Detached weights [B, R] from the ratio pi_theta / mu: per token (tis, mis) or per sequence (seq_tis,
+  geo_tis, geo_reject; these need the response mask)."""
+  log_ratio_BxR = jax.lax.stop_gradient(learner_logp_BxR - sampler_logp_BxR)
+  if kind in SEQUENCE_IMPORTANCE:
+    if mask_BxR is None:
+      raise InputError(f"importance {kind!r} is per sequence and needs the response mask")
+    log_rho_B = jnp.sum(log_ratio_BxR * mask_BxR, axis=1)
+    if kind == "seq_tis":
+      weight_B = jnp.exp(jnp.minimum(log_rho_B, jnp.log(cap)))  # min(rho, C) without overflowing rho
+    else:
+      geo_B = jnp.exp(jnp.clip(log_rho_B / jnp.maximum(jnp.sum(mask_BxR, axis=1), 1.0), -20.0, 20.0))
+      lo, hi = geo_bounds
+      weight_B = jnp.minimum(geo_B, cap) if kind == "geo_tis" else ((geo_B >= lo) & (geo_B <= hi)).astype(jnp.float32)
+    return jnp.broadcast_to(weight_B[:, None], log_ratio_BxR.shape)
+  ratio_BxR = jnp.exp(jnp.clip(log_ratio_BxR, -20.0, 20.0))
   if kind == "tis":
     return jnp.minimum(ratio_BxR, cap)
   if kind == "mis":
@@ -189,10 +219,15 @@ class LossInputs:
   advantage_B: jax.Array | None = None  # grpo: group-standardized reward of each response
 
 
+def _weights(x: LossInputs, c: ObjectiveConfig) -> jax.Array:
+  return importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap, x.mask_BxR,
+                            (c.geo_lo, c.geo_hi))
+
+
 def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
   student_logp = x.learner_logp_BxR if c.student_logp == "learner" else x.sampler_logp_BxR
   advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_logp)
-  weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
+  weights_BxR = _weights(x, c)
   return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"advantage": advantage_BxR, "is_weight": weights_BxR}
 
 
@@ -201,7 +236,7 @@ def _grpo(x: LossInputs, c: ObjectiveConfig):
     raise InputError("objective grpo needs rollouts with rewards (RolloutBatch.reward_B); the training loop "
                      "grades them")
   advantage_BxR = jax.lax.stop_gradient(x.advantage_B)[:, None] * x.mask_BxR
-  weights_BxR = importance_weights(x.learner_logp_BxR, x.sampler_logp_BxR, c.importance, c.is_cap)
+  weights_BxR = _weights(x, c)
   return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"is_weight": weights_BxR}
 
 

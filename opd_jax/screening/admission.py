@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -68,27 +69,37 @@ def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: in
   return cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[s])
 
 
-def pick_budget(budget_file: dict, pair: str) -> tuple[str, dict, str]:
-  """The pair's own budget when its runs bound it; else the pooled one.
+def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple[str, dict, str]:
+  """The pair's own budget when its runs bound it; else the pooled one; at the horizon nearest `steps`.
 
-  A pair whose runs never lost quality has an unbounded budget: only a lower bound (the largest mismatch its
-  runs tested). Then a bounded pooled budget, fitted on all pairs' runs, is the better estimate. Returns
-  (key in budget_file["budgets"], budget, note); the note says when and why the pooled budget was borrowed.
+  A budget is calibrated by runs of one length (budget.json's `horizons`; the main one has plain pair keys,
+  others "pair@steps"), so the run length a candidate is for picks the horizon: the nearest in log steps
+  (default: the main one), and the note says when it is not the same length. A pair whose runs never lost
+  quality has an unbounded budget: only a lower bound (the largest mismatch its runs tested). Then a bounded
+  pooled budget, fitted on all pairs' runs, is the better estimate. Returns (key in budget_file["budgets"],
+  budget, note); the note says when and why the pooled budget was borrowed.
   """
   budgets = budget_file.get("budgets", {})
-  own, pooled = budgets.get(pair), budgets.get("pooled")
+  main, horizons = budget_file.get("steps"), [h for h in budget_file.get("horizons", []) if h]
+  horizon = main
+  if steps and horizons:
+    horizon = min(horizons, key=lambda h: (abs(math.log(h / steps)), -h))
+  key = lambda name: name if horizon == main else f"{name}@{horizon}"
+  notes = [f"calibrated on {horizon}-step runs" + (f", this run trains {steps}" if steps and steps != horizon else "")
+           ] if horizon else []
+  own, pooled = budgets.get(key(pair)), budgets.get(key("pooled"))
   if own is not None and not own.get("bounded", True) and pooled is not None and pooled.get("bounded", True) \
       and pooled["budget"] > own["budget"]:
-    return "pooled", pooled, f"{pair} lost nothing up to {own['budget']:.3g}"
-  for name in (pair, "pooled"):
+    return key("pooled"), pooled, "; ".join(notes + [f"{pair} lost nothing up to {own['budget']:.3g}"])
+  for name in (key(pair), key("pooled")):
     if name in budgets:
-      return name, budgets[name], ""
+      return name, budgets[name], "; ".join(notes)
   raise InputError(f"budget file has no budget for pair {pair!r} and no 'pooled' budget "
-                   f"(it has: {sorted(budgets)})")
+                   f"{'at ' + str(horizon) + ' steps ' if horizon else ''}(it has: {sorted(budgets)})")
 
 
-def admit(measured: dict, budget_file: dict, pair: str) -> dict:
+def admit(measured: dict, budget_file: dict, pair: str, steps: int | None = None) -> dict:
   scale = budget_file["scale"]
-  source, budget, note = pick_budget(budget_file, pair)
+  source, budget, note = pick_budget(budget_file, pair, steps)
   value = budget_lib.SCALES[scale]({f"mismatch/{k}": v for k, v in measured.items()})
   return {**budget_lib.verdict(value, budget), "scale": scale, "budget_source": source, "budget_note": note}

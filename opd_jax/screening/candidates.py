@@ -126,8 +126,9 @@ def capacity(shape: ModelConfig, rollout: RolloutConfig, device_bytes: int, rese
 
 
 def screen(cal: Calibration, config, candidates: list[Candidate], budget_file: dict, *, shape: ModelConfig,
-           device_bytes: int, seed: int = 0) -> list[dict]:
-  """Measures and judges every candidate; returns rows ranked as the module docstring says."""
+           device_bytes: int, seed: int = 0, steps: int | None = None) -> list[dict]:
+  """Measures and judges every candidate (against the budget at the horizon nearest `steps`); returns rows ranked
+  as the module docstring says."""
   rollouts = rollouts_for(config, candidates)
   for rollout in rollouts:
     rollout.validate_for(cal.params)
@@ -142,7 +143,7 @@ def screen(cal: Calibration, config, candidates: list[Candidate], budget_file: d
   for candidate, rollout in zip(candidates, rollouts):
     start = time.perf_counter()
     measured = admission.measure_candidate(cal, config, rollout, seed, versions)
-    verdict = admission.admit(measured, budget_file, config.pair)
+    verdict = admission.admit(measured, budget_file, config.pair, steps)
     room = capacity(shape, rollout, device_bytes)
     rows.append({"candidate": candidate.name, "overrides": candidate.overrides, **verdict, **room,
                  "kv_tokens_vs_bf16": room["kv_tokens"] / max(reference, 1),

@@ -18,6 +18,13 @@ For a noise level sigma, with common random numbers (the same key for the clean 
     `prefix_kl_noisy` (the exact value on the same prefixes) and `k1_tis_error` the gap after truncated
     importance weights min(pi/mu, C) (self-normalized). TIS shrinks the per-token error; the remaining
     distance to `prefix_kl_clean`, the prefix shift, no per-token weight can remove.
+(d) What sequence-level weights repair: every correction of `objectives.losses.importance_weights` (token tis /
+    mis, sequence seq_tis / geo_tis / geo_reject) weights the noisy rollouts, self-normalized, and
+    `corrections[kind]` reports the weighted k1 estimate's error against `prefix_kl_clean` (the whole error
+    OPD's signal has: per-token bias plus prefix shift), the weighted mean of the exact per-prefix KL against
+    it (`shift`: what is left of the prefix shift once prefixes are reweighted; token weights cannot change
+    it much, sequence weights can in principle, since pi(y) / mu(y) reweights whole trajectories), the share
+    of responses with non-zero weight and the effective sample size of the weights (ESS / responses).
 """
 
 from __future__ import annotations
@@ -31,12 +38,31 @@ import numpy as np
 from opd_jax.data.batching import decode_responses
 from opd_jax.data.grader import is_correct
 from opd_jax.mismatch.metrics import token_metrics
+from opd_jax.objectives.losses import IMPORTANCE, importance_weights
 from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout.config import RolloutConfig
 
 
 def _masked_mean(x_BxR, mask_BxR) -> float:
   return float(jnp.sum(x_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0))
+
+
+def _weighted(x_BxR, w_BxR) -> float:
+  """Self-normalized weighted mean; nan when no token keeps any weight (nothing left to estimate from)."""
+  total = float(jnp.sum(w_BxR))
+  return float(jnp.sum(w_BxR * x_BxR)) / total if total > 0 else float("nan")
+
+
+def _corrections(learner_logp, sampler_logp, mask, log_advantage, prefix_kl_BxR, is_cap: float) -> dict:
+  """Per correction kind: weighted k1 estimate and weighted exact prefix KL, share kept, ESS (per response)."""
+  out = {}
+  for kind in IMPORTANCE:
+    w = importance_weights(learner_logp, sampler_logp, kind, is_cap, mask) * mask
+    w_B = jnp.sum(w, 1) / jnp.maximum(jnp.sum(mask, 1), 1.0)  # a response's mean token weight
+    out[kind] = {"k1": _weighted(log_advantage, w), "prefix_kl": _weighted(prefix_kl_BxR, w),
+                 "kept": float(jnp.mean(w_B > 0)),
+                 "ess": float(jnp.sum(w_B) ** 2 / jnp.maximum(jnp.sum(w_B ** 2), 1e-12) / w_B.shape[0])}
+  return out
 
 
 def _rollout_stats(cal: Calibration, out, is_cap: float, temperature: float) -> dict:
@@ -57,6 +83,7 @@ def _rollout_stats(cal: Calibration, out, is_cap: float, temperature: float) -> 
       "k1_tis": float(jnp.sum(w * log_advantage) / jnp.maximum(jnp.sum(w), 1e-9)),
       "teacher_logp": _masked_mean(teacher_logp, mask),
       "teacher_logp_by_position": [_masked_mean(teacher_logp[:, s], mask[:, s]) for s in _position_buckets(mask)],
+      "corrections": _corrections(learner_logp, out.logprobs_BxN, mask, log_advantage, prefix_kl_BxR, is_cap),
   }
 
 
@@ -112,4 +139,6 @@ def analyze(cal: Calibration, rollout: RolloutConfig, sigma: float, seed: int = 
       "teacher_logp_noisy": noisy["teacher_logp"],
       "teacher_logp_by_position_clean": clean["teacher_logp_by_position"],
       "teacher_logp_by_position_noisy": noisy["teacher_logp_by_position"],
+      "corrections": {kind: {"k1_error": c["k1"] - clean["prefix_kl"], "shift": c["prefix_kl"] - clean["prefix_kl"],
+                             "kept": c["kept"], "ess": c["ess"]} for kind, c in noisy["corrections"].items()},
   }

@@ -1,0 +1,23 @@
+"""Importance corrections under sampler weight noise: per token (tis, mis) and per sequence (seq_tis, geo_tis,
+geo_reject), on the sampled-token OPD objective reverse_kl_pg (the only OPD objective that weights tokens by
+pi / mu; the exact-vocabulary objectives have no sampled-token estimate to correct), at noise 0.15, where
+reverse_kl on pair1 starts to lose quality (configs/sweeps/noise.py).
+
+  python launch/sweep.py --config=configs/sweeps/corrections.py --workdir=runs/sweep_corrections
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import sweep_config  # noqa: E402
+
+KINDS = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
+SIGMAS = (0.15,)
+
+
+def get_config(arg=None):
+  points = (("baseline", ()),) + tuple(
+      (f"noise_{s:g}_{kind}", (("rollout.noise_sigma", s), ("objective.importance", kind)))
+      for s in SIGMAS for kind in KINDS)
+  return sweep_config("corrections", arg, ("pair1",), points, base=(("objective.name", "reverse_kl_pg"),))
