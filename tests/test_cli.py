@@ -117,6 +117,6 @@ def test_candidates_parse_and_memory_columns(tmp_path):
   assert stale["held_weight_bytes"] == 3 * stale["weight_bytes"] == 3 * plain["weight_bytes"]
   assert stale["kv_tokens"] < plain["kv_tokens"]
   for bad, message in (("weights=fp8;stalenes=2", "unknown rollout field"), ("weights", "is not field=value"),
-                       ("kv_cache=int4", "kv cache dtype 'int4'"), ("", "--candidates is empty")):
+                       ("kv_cache=int2", "kv cache dtype 'int2'"), ("", "--candidates is empty")):
     with pytest.raises(ValueError, match=message):
       candidates.rollouts_for(config, candidates.parse(bad))

@@ -38,11 +38,18 @@ def test_no_knobs_is_zero_mismatch(tiny_checkpoints):
 
 
 @pytest.mark.parametrize("knob", [dict(weights="int8"), dict(weights="fp8"), dict(weights="fp8_e5m2"),
-                                  dict(weights="bf16"), dict(kv_cache="int8"), dict(kv_cache="fp8"),
-                                  dict(kv_cache="bf16")])
+                                  dict(weights="fp8_tensor"), dict(weights="bf16"), dict(kv_cache="int8"),
+                                  dict(kv_cache="fp8"), dict(kv_cache="bf16"), dict(kv_cache="fp8_e5m2")])
 def test_each_precision_knob_is_small_and_nonzero(tiny_checkpoints, knob):
   error = _mismatch(tiny_checkpoints["llama"], RolloutConfig(max_new_tokens=12, **knob))
   assert 1e-6 < error < 0.5, (knob, error)  # e5m2 (2 mantissa bits) is the coarsest, ~0.2 here
+
+
+def test_int4_is_coarser_than_int8_for_weights_and_kv(tiny_checkpoints):
+  path = tiny_checkpoints["qwen2"]
+  for field in ("weights", "kv_cache"):
+    int8, int4 = (_mismatch(path, RolloutConfig(max_new_tokens=12, **{field: d})) for d in ("int8", "int4"))
+    assert 0 < int8 < int4, (field, int8, int4)
 
 
 def test_fp8_is_coarser_than_int8(tiny_checkpoints):
@@ -84,7 +91,16 @@ def test_recipe_stores_quantized_values_and_saves_bytes(tiny_checkpoints):
   full = precision.apply_recipe(state, precision.recipe_rules(rules=everything))
   assert precision.state_bytes(full) == memory.weight_bytes(model.config, precision.recipe_rules(rules=everything), 4)
   assert precision.state_bytes(full) < precision.state_bytes(state) / 2  # float32 -> bf16 / 8-bit
-
+  # int4 (stored jnp.int4, counted two per byte) and per-tensor fp8 (one scale per matrix), same arithmetic.
+  for name in ("int4", "fp8_tensor"):
+    recipe = precision.recipe_rules(name, embedding=True)
+    out = precision.apply_recipe(state, recipe)
+    kernel = out["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
+    assert kernel.qvalue.dtype == (jnp.int4 if name == "int4" else jnp.float8_e4m3fn)
+    assert kernel.scale[0].shape == ((1, 80) if name == "int4" else (1, 1))
+    assert precision.state_bytes(out) == memory.weight_bytes(model.config, recipe, 4)
+  int4 = precision.apply_recipe(state, precision.recipe_rules("int4"))["layers"][0]["mlp"]["up_proj"]["kernel"]
+  assert set(np.unique(np.asarray(int4.get_value().qvalue, np.int32))) <= set(range(-7, 8))
 
 def test_per_layer_rules_first_match_wins(tiny_checkpoints):
   state = nnx.state(load_pretrained(tiny_checkpoints["qwen3"]))
@@ -109,12 +125,30 @@ def test_quantized_embedding_lookup_matches_dense(tiny_checkpoints):
 
 def test_kv_quantization_error_is_bounded():
   x = jax.random.normal(jax.random.key(0), (2, 5, 3, 16)) * 3
-  for dtype, bound in (("int8", 0.5 / 127), ("fp8_e4m3", 0.07), ("bf16", 2 ** -8)):
+  for dtype, bound in (("int8", 0.5 / 127), ("int4", 0.5 / 7), ("fp8_e4m3", 0.07), ("fp8_e5m2", 0.13),
+                       ("bf16", 2 ** -8)):
     err = jnp.abs(kv_cache.quantize_dequantize(x, dtype) - x) / jnp.max(jnp.abs(x), -1, keepdims=True)
     assert 0 < float(err.max()) <= bound, dtype
   np.testing.assert_array_equal(kv_cache.quantize_dequantize(x, "native"), x)
-  with pytest.raises(ValueError, match="kv cache dtype 'int4'"):
-    kv_cache.check_kv_dtype("int4")
+  with pytest.raises(ValueError, match="kv cache dtype 'int2'"):
+    kv_cache.check_kv_dtype("int2")
+
+
+def test_int4_kv_cache_packs_two_values_per_byte_and_reads_back_what_was_written():
+  x = jax.random.normal(jax.random.key(1), (2, 3, 2, 8))  # [B, T, K, H]
+  cache = kv_cache.KVCache.init(batch=2, slots=5, num_layers=1, num_kv_heads=2, head_dim=8,
+                                compute_dtype=jnp.float32, kv_dtype="int4")
+  layer = cache.layers[0].write(x, -x, 1)
+  assert layer.k_BxKxHxS.shape == (2, 2, 4, 5) and layer.k_BxKxHxS.dtype == jnp.uint8
+  k, v = layer.read(jnp.float32)
+  want = kv_cache.quantize_dequantize(x, "int4")
+  np.testing.assert_array_equal(k[..., 1:4], want.transpose(0, 2, 3, 1))
+  np.testing.assert_array_equal(v[:, :, 1:4], kv_cache.quantize_dequantize(-x, "int4").transpose(0, 2, 1, 3))
+  assert kv_cache.kv_bytes_per_token(num_layers=36, num_kv_heads=8, head_dim=128, kv_dtype="int4") == \
+      2 * 36 * 8 * (64 + 4)  # half of int8's values, the same float32 scales
+  with pytest.raises(ValueError, match="even head_dim"):
+    kv_cache.KVCache.init(batch=1, slots=2, num_layers=1, num_kv_heads=1, head_dim=7, compute_dtype=jnp.float32,
+                          kv_dtype="int4")
 
 
 @pytest.mark.parametrize("on", ["device", "host"])
@@ -182,7 +216,7 @@ def test_staleness_changes_sampler_exactly_when_params_differ(tiny_checkpoints):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(weights="int4"), "weight precision 'int4'"),
+    (dict(weights="int2"), "weight precision 'int2'"),
     (dict(kv_cache="fp16"), "kv cache dtype 'fp16'"),
     (dict(staleness_steps=-1), "staleness_steps"),
     (dict(noise_sigma=-0.1), "noise_sigma"),

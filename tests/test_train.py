@@ -287,7 +287,7 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
     ({"rollout.snapshots_on": "disk"}, "rollout.snapshots_on"),
     ({"objective.name": "kl"}, "objective.name 'kl' is unknown"),
     ({"train.batch_size": 12}, r"train.batch_size=12 is not divisible by the mesh's batch ways data\*fsdp=8\*1"),
-    ({"rollout.kv_cache": "int4"}, "kv cache dtype 'int4'"),
+    ({"rollout.kv_cache": "int2"}, "kv cache dtype 'int2'"),
     ({"train.mode": "eager"}, "train.mode"),
     ({"data.source": "jsonl"}, "data.train_file=''"),
     ({"student": "/nonexistent/student"}, "'/nonexistent/student' does not exist"),

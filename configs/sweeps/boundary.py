@@ -1,6 +1,6 @@
 """Held-out configurations near the budget, for validating the admission check where it can be wrong: noise
-levels between the calibration sweep's points (configs/sweeps/noise.py:grid=bound trains 0.1, 0.15, 0.175,
-0.2), whose k3 lands within 3x of pair1's budget. Run once per seed; `launch/report.py --validate
+levels between the calibration sweep's points (configs/sweeps/noise.py:grid=bound trains 0.1, 0.15, 0.2,
+0.3), whose k3 lands within 3x of pair1's budget (pairs=all for the other pairs). Run once per seed; `launch/report.py --validate
 --validation_results=...` judges each configuration by its seed-mean quality against the seed-mean baseline.
 
   for s in 0 1 2; do python launch/sweep.py --config=configs/sweeps/boundary.py:seed=$s \
@@ -18,4 +18,4 @@ SIGMAS = (0.125, 0.16, 0.19)
 
 def get_config(arg=None):
   points = (("baseline", ()),) + tuple((f"noise_{s:g}", (("rollout.noise_sigma", s),)) for s in SIGMAS)
-  return sweep_config("boundary", arg, ("pair1", "pair2"), points)
+  return sweep_config("boundary", arg, ("pair1",), points)

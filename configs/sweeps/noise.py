@@ -3,7 +3,6 @@ source that reaches past every pair's budget, so it is what bounds a budget (see
 pairs= / steps= / lr= / objective= / seed=).
 
   python launch/sweep.py --config=configs/sweeps/noise.py --workdir=runs/sweep_noise                 # pair1
-  python launch/sweep.py --config=configs/sweeps/noise.py:pairs=all,grid=bound --workdir=runs/sweep_noise_all
   python launch/sweep.py --config=configs/sweeps/noise.py:steps=75,grid=bound --workdir=runs/sweep_noise_75
 """
 
@@ -14,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import sweep_config  # noqa: E402
 
 SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)  # grid=full
-BOUND_SIGMAS = (0.05, 0.1, 0.15, 0.175, 0.2, 0.3)  # grid=bound: around pair1's crossing (sigma 0.15-0.175)
+BOUND_SIGMAS = (0.1, 0.15, 0.2, 0.3)  # grid=bound: as configs/sweeps/sources.py (pair1 crosses at 0.15-0.175)
 
 
 def get_config(arg=None):
