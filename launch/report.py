@@ -22,6 +22,9 @@ _PREFIX = flags.DEFINE_string("prefix_shift", None, "prefix_shift.json from laun
 _VALIDATION = flags.DEFINE_string("validation", None, "validation.json (existing, or written by --validate).")
 _VALIDATE = flags.DEFINE_bool("validate", False, "Run the admission validation first.")
 _HOLDOUT = flags.DEFINE_float("holdout_fraction", 0.3, "Share of sweep points held out for validation.")
+_HELDOUT = flags.DEFINE_multi_string("heldout_results", [], "--validate: results.jsonl of configurations the budget "
+                                     "has not seen (e.g. configs/sweeps/boundary.py, one file per seed); replaces "
+                                     "the hash hold-out.")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
 _OUT = flags.DEFINE_string("out", "report", "Output directory.")
@@ -34,18 +37,25 @@ def run():
   if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
     raise InputError(f"--holdout_fraction={_HOLDOUT.value:g} and --tolerance={_TOLERANCE.value:g} must be in (0, 1) "
                      f"and --prompts={_PROMPTS.value} >= 1")
+  if _HELDOUT.value and not _VALIDATE.value:
+    raise InputError("--heldout_results is only read with --validate")
   if _VALIDATE.value:
     from configs import common
     from opd_jax.analysis.calibrate_report import load_rows
     from opd_jax.analysis.files import write_json
     from opd_jax.analysis.validation import validate
+    heldout = [row for path in _HELDOUT.value for row in load_rows([path])]
     result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
-                      num_prompts=_PROMPTS.value)
+                      num_prompts=_PROMPTS.value, heldout=heldout)
     os.makedirs(_OUT.value, exist_ok=True)
     validation = validation or os.path.join(_OUT.value, "validation.json")
     write_json(validation, result)
-    print(f"admission agrees with the real run on {result['agreement']:.0%} of {len(result['rows'])} held-out points")
+    lo, hi = result["agreement_interval"]
+    print(f"admission agrees with the real run on {result['agreed']} of {result['n']} held-out configurations "
+          f"({result['agreement']:.0%}, 95% interval [{lo:.0%}, {hi:.0%}]); admission "
+          f"{result['admission_seconds_per_candidate']:.1f} s per candidate vs {result['run_seconds_per_seed']:.0f} s "
+          "per training run")
   path = report.build(_RESULTS.value, _OUT.value, budget=_BUDGET.value, sensitivity=_SENSITIVITY.value,
                       prefix_shift=_PREFIX.value, validation=validation)
   print(f"wrote {path}")

@@ -11,7 +11,7 @@ from opd_jax.analysis import report
 from opd_jax.analysis.calibrate_report import build_budget, load_rows
 from opd_jax.analysis.files import read_jsonl
 from opd_jax.analysis.sweep import fill_deltas, run_sweep
-from opd_jax.analysis.validation import is_held_out
+from opd_jax.analysis.validation import group_seeds, is_held_out, validate, wilson_interval
 from opd_jax.mismatch import budget as budget_lib
 
 
@@ -77,6 +77,52 @@ def test_budget_file_has_pairs_pooled_and_transfer():
   assert budget["transfer"]["max_over_min"] >= 1.0
 
 
+def _with(rows, **fields):
+  return [{**r, **fields} for r in rows]
+
+
+def test_budgets_per_horizon_and_the_transfer_matrix():
+  """Rows of two run lengths give a budget per (pair, horizon); the main horizon (most rows) keeps plain keys.
+  admission picks the horizon nearest the run it judges and says so."""
+  from opd_jax.screening.admission import pick_budget
+  long = _with(_rows(0, "pair1"), steps=150) + _with(_rows(1, "pair2"), steps=150)
+  short = [{**r, "steps": 75, "delta_final_accuracy": r["delta_final_accuracy"] * 2,
+            "final_accuracy": 0.8 + 2 * r["delta_final_accuracy"]} for r in _rows(2, "pair1")]
+  budget = build_budget(long + short, tolerance=0.03, relative=False)
+  assert set(budget["budgets"]) == {"pair1", "pair2", "pooled", "pair1@75", "pooled@75"}
+  assert (budget["steps"], budget["horizons"]) == (150, [75, 150])
+  assert budget["budgets"]["pair1"]["steps"] == 150 and budget["budgets"]["pair1@75"]["steps"] == 75
+  assert budget["budgets"]["pair1@75"]["budget"] < budget["budgets"]["pair1"]["budget"]  # losses doubled
+  key, chosen, note = pick_budget(budget, "pair1", 80)
+  assert key == "pair1@75" and note == "calibrated on 75-step runs, this run trains 80"
+  assert pick_budget(budget, "pair1", 150)[0] == "pair1" and pick_budget(budget, "pair1")[2] == \
+      "calibrated on 150-step runs"
+  assert pick_budget(budget, "pair2", 70)[0] == "pooled@75"  # pair2 has no 75-step runs
+  matrix = budget["transfer"]["matrix"]
+  assert set(matrix) == {"pair1", "pair2"} and matrix["pair1"]["pair1"]["n"] == 13
+  for a in matrix:
+    for b, cell in matrix[a].items():
+      assert cell["agree"] + len(cell["wrongly_admitted"]) + len(cell["wrongly_rejected"]) == cell["n"]
+
+
+def test_validation_groups_seeds_and_refuses_calibration_points():
+  assert wilson_interval(6, 6)[1] == pytest.approx(1.0) and 0.5 < wilson_interval(6, 6)[0] < 0.7
+  assert wilson_interval(0, 0) == [0.0, 1.0]
+  lo, hi = wilson_interval(5, 10)
+  assert lo == pytest.approx(1 - hi) and 0.2 < lo < 0.25
+  seeds = [_with(fill_deltas([{**r, "final_accuracy": r["final_accuracy"] - 0.01 * s * (r["point"] != "baseline")}
+                             for r in _rows(0)]), seed=s) for s in range(3)]
+  grouped = {g["point"]: g for g in group_seeds([r for rows in seeds for r in rows])}
+  assert "baseline" not in grouped and len(grouped["noise_3"]["seeds"]) == 3
+  single = -seeds[0][4]["delta_final_accuracy"]
+  assert grouped["noise_3"]["quality_loss"] == pytest.approx(single + 0.01)  # mean of +0, +0.01, +0.02
+  with pytest.raises(ValueError, match="appears twice"):
+    group_seeds(seeds[0] + seeds[0])
+  with pytest.raises(ValueError, match="also calibration points"):
+    validate(_rows(0), lambda pair: None, holdout_fraction=0.3, tolerance=0.03, relative=False, num_prompts=8,
+             heldout=seeds[1])
+
+
 def _sweep():
   c = ml_collections.ConfigDict()
   c.name = "toy"
@@ -87,8 +133,8 @@ def _sweep():
 
 
 def _fake_pair_config(pair):
-  config = ml_collections.ConfigDict({"pair": pair, "train": {"steps": 10, "progress_bar": True, "resume": False,
-                                                              "mode": "sync"},
+  config = ml_collections.ConfigDict({"pair": pair, "seed": 0, "optimizer": {"learning_rate": 1e-3},
+                                      "train": {"steps": 10, "progress_bar": True, "resume": False, "mode": "sync"},
                                       "rollout": {"weights": "none", "noise_sigma": 0.0},
                                       "objective": {"name": "reverse_kl"}})
   return config
@@ -116,6 +162,7 @@ def test_sweep_records_failures_and_resumes(tmp_path):
   assert by_point["fp8"]["delta_final_accuracy"] == pytest.approx(-0.05)
   assert by_point["fp8"]["rollout"]["weights"] == "fp8" and by_point["fp8"]["mismatch"]["mismatch/k3"] == 0.01
   assert by_point["fp8"]["objective"] == "reverse_kl"
+  assert (by_point["fp8"]["steps"], by_point["fp8"]["learning_rate"], by_point["fp8"]["seed"]) == (3, 1e-3, 0)
   assert len(calls) == 3
   rows = run_sweep(_sweep(), str(tmp_path), _fake_pair_config, _fake_train(calls), log=lambda *_: None)
   assert len(calls) == 4  # only the failed point ran again

@@ -217,12 +217,14 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
       ("weight_gib", "weights GiB", "{:.2f}"), ("kv_bytes_per_token", "KV bytes/token", "{:,}"),
       ("kv_tokens", "KV tokens", "{:,}"), ("vs_bf16", "vs bf16", "{:.2f}x")])))
   if valid:
-    sections.append((f"Admission validation: {valid['agreement']:.0%} agreement on {len(valid['rows'])} held-out runs",
-                     _table(valid["rows"], [("pair", "pair", "{}"), ("point", "point", "{}"),
-                                            ("measured", "admission k3", "{:.3g}"), ("admit", "admission", "{}"),
-                                            ("quality_loss", "real quality loss", "{:+.3f}"),
-                                            ("real_ok", "real run ok", "{}"), ("agree", "agree", "{}"),
-                                            ("wall_seconds", "admit s", "{:.1f}")])))
+    interval = valid.get("agreement_interval")
+    sections.append((f"Admission validation: {valid['agreement']:.0%} agreement on {len(valid['rows'])} held-out "
+                     "configurations" + (f" (95% interval {interval[0]:.0%}-{interval[1]:.0%})" if interval else ""),
+                     _table([{**r, "n_seeds": len(r.get("seeds", [0]))} for r in valid["rows"]],
+                            [("pair", "pair", "{}"), ("point", "point", "{}"), ("n_seeds", "seeds", "{}"),
+                             ("measured", "admission k3", "{:.3g}"), ("admit", "admission", "{}"),
+                             ("quality_loss", "real quality loss", "{:+.3f}"), ("real_ok", "real run ok", "{}"),
+                             ("agree", "agree", "{}"), ("wall_seconds", "admit s", "{:.1f}")])))
   else:
     missing.append("admission validation")
   body = "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections)
