@@ -62,9 +62,14 @@ def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
   zero = analyze(cal, rollout, 0.0)
   assert zero["identical_responses"] == 1.0 and abs(zero["prefix_shift"]) < 1e-6
   assert zero["same_prefix_k3"] < 1e-9 and zero["k1_tis_error"] == pytest.approx(zero["k1_naive_error"], abs=1e-5)
+  # Without noise every correction's weight is 1: all equal the uncorrected estimate and keep every response.
+  for kind, c in zero["corrections"].items():
+    assert c["k1_error"] == pytest.approx(zero["corrections"]["none"]["k1_error"], abs=1e-5), kind
+    assert abs(c["shift"]) < 1e-5 and c["kept"] == 1.0 and c["ess"] == pytest.approx(1.0), kind
   noisy = analyze(cal, rollout, 0.3)
   assert noisy["same_prefix_k3"] > 1e-4 and noisy["identical_responses"] < 1.0
   assert noisy["first_divergence_mean"] < zero["first_divergence_mean"]
+  assert noisy["corrections"]["seq_tis"]["ess"] < noisy["corrections"]["tis"]["ess"] <= 1.0  # whole-sequence ratios
 
 
 def test_admission_staleness_grows_with_lag(tiny_pair, cal):

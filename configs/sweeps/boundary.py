@@ -1,7 +1,8 @@
 """Held-out configurations near the budget, for validating the admission check where it can be wrong: noise
-levels between the calibration sweep's points (configs/sweeps/noise.py:grid=bound trains 0.1, 0.15, 0.2,
-0.3), whose k3 lands within 3x of pair1's budget (pairs=all for the other pairs). Run once per seed; `launch/report.py --validate
---validation_results=...` judges each configuration by its seed-mean quality against the seed-mean baseline.
+levels between the calibration sweep's points (configs/sweeps/sources.py trains 0.1, 0.15, 0.2, 0.3), whose
+k3 lands within 3x of the budget (default pair1; pairs=pair3 etc. for the others). Run once per seed;
+`launch/report.py --validate --heldout_results=...` judges each configuration by its seed-mean quality loss
+(each seed against the same seed's baseline).
 
   for s in 0 1 2; do python launch/sweep.py --config=configs/sweeps/boundary.py:seed=$s \
       --workdir=runs/sweep_boundary_seed$s; done

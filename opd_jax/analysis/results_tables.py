@@ -1,0 +1,112 @@
+"""The README's result tables, rendered from the shipped result files (results/), so the numbers in the README
+are the numbers in the files: `python launch/results_tables.py` prints them, and tests/test_results.py checks
+that every one of them appears verbatim in README.md.
+
+Quality deltas are final held-out accuracy minus the same sweep's knob-free baseline (accuracy points).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from opd_jax.analysis.files import read_budget, read_json, read_results
+from opd_jax.analysis.sweep import fill_deltas
+
+SWEEPS = ("sources", "noise_75", "corrections", "staleness_lr4", "staleness_lr4_fkl")  # results/<name>.jsonl
+
+
+def _md(header: list[str], body: list[list[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(cells) + " |" for cells in body]
+  return "\n".join(lines)
+
+
+def _g(x) -> str:
+  return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def sweep_table(rows: list[dict]) -> str:
+  """One line per finished point (rows as `fill_deltas` returns them), in the files' order."""
+  body = []
+  for r in rows:
+    if r.get("status") != "ok":
+      body.append([r["pair"], r["point"], "failed", "", "", "", "", ""])
+      continue
+    m = r["mismatch"]
+    delta = r.get("delta_final_accuracy")
+    body.append([r["pair"], r["point"], _g(m.get("mismatch/k3")), _g(m.get("mismatch/k1")), _g(m.get("mismatch/tv")),
+                 f"{m.get('rollout/version_lag', 0.0):.1f}", f"{100 * r['final_accuracy']:.1f}%",
+                 "n/a" if delta is None else f"{100 * delta:+.1f}"])
+  return _md(["pair", "point", "k3", "k1", "tv", "mean lag", "final acc", "delta vs baseline"], body)
+
+
+def budget_table(budget: dict) -> str:
+  """Every budget in a budget.json: per pair and pooled, per horizon."""
+  body = []
+  for key, b in budget["budgets"].items():
+    lo, hi = b["interval"]
+    body.append([key, str(b.get("steps", "")), _g(b["budget"]), f"[{_g(lo)}, {_g(hi)}]",
+                 "yes" if b["bounded"] else "no (largest tested)", str(b["fit"]["n"])])
+  return _md(["budget", "run length (steps)", "k3 budget", "90% interval", "bounded", "runs"], body)
+
+
+def transfer_table(budget: dict) -> str:
+  """matrix[A][B]: how many of pair B's runs pair A's budget judges as B's real quality says."""
+  matrix = budget["transfer"].get("matrix", {})
+  pairs = list(matrix)
+  body = []
+  for a in pairs:
+    cells = []
+    for b in pairs:
+      c = matrix[a][b]
+      wrong = [f"admits {p}" for p in c["wrongly_admitted"]] + [f"rejects {p}" for p in c["wrongly_rejected"]]
+      cells.append(f"{c['agree']}/{c['n']}" + (f" ({'; '.join(wrong)})" if wrong else ""))
+    body.append([f"{a} ({_g(budget['budgets'][a]['budget'])})"] + cells)
+  return _md(["budget of \\ runs of"] + pairs, body)
+
+
+def validation_table(validation: dict) -> str:
+  body = []
+  for r in validation["rows"]:
+    seeds = r.get("seeds", [])
+    body.append([r["pair"], r["point"], _g(r["measured"]), f"{r.get('measured_over_budget', math.nan):.2f}x",
+                 "ADMIT" if r["admit"] else "REJECT", f"{100 * r['quality_loss']:+.1f}",
+                 ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in seeds),
+                 "ok" if r["real_ok"] else "lost", "yes" if r["agree"] else "**no**"])
+  return _md(["pair", "held-out point", "admission k3", "vs budget", "verdict", "quality loss (seed mean)",
+              "per seed", "real run", "agree"], body)
+
+
+def corrections_table(prefix_shift: dict) -> str:
+  """Per sigma and correction kind, from launch/prefix_shift.py's JSON."""
+  body = []
+  for row in prefix_shift["rows"]:
+    for kind, c in row.get("corrections", {}).items():
+      body.append([f"{row['sigma']:g}", kind, f"{c['k1_error']:+.4f}" if not math.isnan(c["k1_error"]) else "n/a",
+                   f"{c['shift']:+.4f}" if not math.isnan(c["shift"]) else "n/a", f"{100 * c['kept']:.0f}%",
+                   f"{100 * c['ess']:.0f}%"])
+  return _md(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"], body)
+
+
+
+def all_tables(results_dir: str) -> dict[str, str]:
+  """Title -> markdown table for every result file present in `results_dir` (the README's order)."""
+  tables = {}
+  for name in SWEEPS:
+    path = os.path.join(results_dir, f"{name}.jsonl")
+    if os.path.exists(path):
+      tables[f"sweep {name}"] = sweep_table(fill_deltas(read_results(path)))
+  budget_path = os.path.join(results_dir, "budget.json")
+  if os.path.exists(budget_path):
+    budget = read_budget(budget_path)
+    tables["budgets"] = budget_table(budget)
+    if budget["transfer"].get("matrix"):
+      tables["budget transfer"] = transfer_table(budget)
+  validation_path = os.path.join(results_dir, "validation.json")
+  if os.path.exists(validation_path):
+    tables["validation"] = validation_table(read_json(validation_path, "validation file"))
+  prefix_path = os.path.join(results_dir, "prefix_shift_pair1.json")
+  if os.path.exists(prefix_path):
+    tables["corrections (prefix shift, pair1)"] = corrections_table(read_json(prefix_path, "prefix-shift file"))
+  return tables
