@@ -240,8 +240,7 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   sampler_params = weight_sync.abstract
   rows, replicated = batch_sharding(mesh), NamedSharding(mesh, PartitionSpec())
   s_rows, s_replicated = placement.batch_sharding(s_mesh), NamedSharding(s_mesh, PartitionSpec())
-  split = (plan.split_mismatch and plan.staleness_steps > 0
-           and (rollout.changes_weights or rollout.kv_cache != "native"))
+  split = rollout.keeps_dense_copies(lagged=plan.staleness_steps > 0)
   teacher_k = objective.top_k if objective.needs_teacher_topk else 0
   batch = RolloutBatch(
       prompt_BxP=_abstract((B, P), jnp.int32, rows), prompt_valid_BxP=_abstract((B, P), jnp.bool_, rows),

@@ -39,7 +39,8 @@ def format_corrections(rows: list[dict]) -> str:
            f"{'sigma':>6}  {'correction':<11} {'k1 error':>9} {'shift left':>10} {'kept':>6} {'ESS':>6}"]
   for row in rows:
     for kind, c in row["corrections"].items():
-      lines.append(f"{row['sigma']:>6.3g}  {kind:<11} {c['k1_error']:>+9.4f} {c['shift']:>+10.4f} "
+      signed = lambda x, width: f"{'n/a':>{width}}" if x is None else f"{x:>+{width}.4f}"
+      lines.append(f"{row['sigma']:>6.3g}  {kind:<11} {signed(c['k1_error'], 9)} {signed(c['shift'], 10)} "
                    f"{c['kept']:>6.0%} {c['ess']:>6.0%}")
   return "\n".join(lines)
 

@@ -83,8 +83,8 @@ def corrections_table(prefix_shift: dict) -> str:
   body = []
   for row in prefix_shift["rows"]:
     for kind, c in row.get("corrections", {}).items():
-      body.append([f"{row['sigma']:g}", kind, f"{c['k1_error']:+.4f}" if not math.isnan(c["k1_error"]) else "n/a",
-                   f"{c['shift']:+.4f}" if not math.isnan(c["shift"]) else "n/a", f"{100 * c['kept']:.0f}%",
+      signed = lambda x: "n/a" if x is None else f"{x:+.4f}"
+      body.append([f"{row['sigma']:g}", kind, signed(c["k1_error"]), signed(c["shift"]), f"{100 * c['kept']:.0f}%",
                    f"{100 * c['ess']:.0f}%"])
   return _md(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"], body)
 

@@ -79,6 +79,12 @@ class RolloutConfig:
     """The sampler needs its own copy of the weights (a precision recipe or noise)."""
     return bool(self.weight_rules) or self.noise_sigma > 0
 
+  def keeps_dense_copies(self, lagged: bool) -> bool:
+    """Whether each kept learner version also keeps a dense copy, to split the mismatch into precision / noise
+    and staleness factors: only with `split_mismatch` when lag (`lagged`: staleness or async) and a weight or
+    KV knob coexist. Costs one dense copy per kept version (the loop and the memory planner both ask here)."""
+    return self.split_mismatch and lagged and (self.changes_weights or self.kv_cache != "native")
+
   @property
   def is_exact(self) -> bool:
     """No knob changes the sampler's distribution (sampler == learner up to float reordering).

@@ -47,10 +47,14 @@ def _masked_mean(x_BxR, mask_BxR) -> float:
   return float(jnp.sum(x_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0))
 
 
-def _weighted(x_BxR, w_BxR) -> float:
-  """Self-normalized weighted mean; nan when no token keeps any weight (nothing left to estimate from)."""
+def _weighted(x_BxR, w_BxR) -> float | None:
+  """Self-normalized weighted mean; None when no token keeps any weight (nothing left to estimate from)."""
   total = float(jnp.sum(w_BxR))
-  return float(jnp.sum(w_BxR * x_BxR)) / total if total > 0 else float("nan")
+  return float(jnp.sum(w_BxR * x_BxR)) / total if total > 0 else None
+
+
+def _minus(a: float | None, b: float) -> float | None:
+  return None if a is None else a - b
 
 
 def _corrections(learner_logp, sampler_logp, mask, log_advantage, prefix_kl_BxR, is_cap: float) -> dict:
@@ -139,6 +143,7 @@ def analyze(cal: Calibration, rollout: RolloutConfig, sigma: float, seed: int = 
       "teacher_logp_noisy": noisy["teacher_logp"],
       "teacher_logp_by_position_clean": clean["teacher_logp_by_position"],
       "teacher_logp_by_position_noisy": noisy["teacher_logp_by_position"],
-      "corrections": {kind: {"k1_error": c["k1"] - clean["prefix_kl"], "shift": c["prefix_kl"] - clean["prefix_kl"],
-                             "kept": c["kept"], "ess": c["ess"]} for kind, c in noisy["corrections"].items()},
+      "corrections": {kind: {"k1_error": _minus(c["k1"], clean["prefix_kl"]),
+                             "shift": _minus(c["prefix_kl"], clean["prefix_kl"]), "kept": c["kept"], "ess": c["ess"]}
+                      for kind, c in noisy["corrections"].items()},
   }

@@ -237,8 +237,7 @@ def train(config, workdir: str) -> dict:
                              if objective.prompts_per_batch_divisor > 1 else None, group_size=group)
   # Split the mismatch into precision/noise and staleness factors: score each batch with the dense learner
   # version that generated it too (costs one dense copy per kept version; only when lag and knobs coexist).
-  split = (rollout.split_mismatch and (rollout.staleness_steps > 0 or t.mode == "async")
-           and (rollout.changes_weights or rollout.kv_cache != "native"))
+  split = rollout.keeps_dense_copies(lagged=rollout.staleness_steps > 0 or t.mode == "async")
 
   def snapshot_of(params, version: int) -> dict:
     """What produce() needs of one learner version; shares no buffer with `params` (the step donates them)."""
