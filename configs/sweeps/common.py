@@ -6,6 +6,7 @@ Arguments (after the file name, comma-separated), on every sweep:
   lr=0.001            AdamW peak learning rate of every point
   objective=NAME      OPD objective of every point (default: the pair config's, reverse_kl)
   seed=0              sampling / data-order seed of every point (README: the seed spread of a baseline)
+  only=a+b            run only these points (e.g. only=baseline+w_int4_kv_int4 to repeat one with more seeds)
 A non-default argument is appended to the sweep's name ("noise[steps=75]"), so its rows never mix with
 the default run's in one results.jsonl, and rows record steps / lr / objective / seed themselves.
 """
@@ -35,7 +36,7 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
                  base=()) -> ml_collections.ConfigDict:
   """A sweep: `points` ((name, ((dotted field, value), ...)), ...) over pairs, varied by the arguments above;
   `base`: the sweep's own overrides of every point (the arguments win over them)."""
-  args = parse_arg(arg, pairs="", steps=STEPS, lr=0.0, objective="", seed=0)
+  args = parse_arg(arg, pairs="", steps=STEPS, lr=0.0, objective="", seed=0, only="")
   pairs = PAIRS if args.pairs == "all" else tuple(filter(None, args.pairs.split("+"))) or default_pairs
   unknown = [p for p in pairs if p not in PAIRS]
   if unknown:
@@ -54,9 +55,16 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
   if args.seed:
     overrides["seed"] = args.seed
     tags.append(f"seed={args.seed}")
+  points = tuple(points)
+  if args.only:
+    wanted = args.only.split("+")
+    unknown = sorted(set(wanted) - {p[0] for p in points})
+    if unknown:
+      raise ValueError(f"config argument only={args.only!r}: no point(s) {unknown}; points: {[p[0] for p in points]}")
+    points = tuple(p for p in points if p[0] in wanted)
   c = ml_collections.ConfigDict()
   c.name = name + (f"[{','.join(tags)}]" if tags else "")
   c.pairs = pairs
   c.base_overrides = tuple(overrides.items())
-  c.points = tuple(points)
+  c.points = points
   return c
