@@ -5,7 +5,10 @@ k3 lands within 3x of the budget (default pair1; pairs=pair3 etc. for the others
 (each seed against the same seed's baseline).
 
   for s in 0 1 2; do python launch/sweep.py --config=configs/sweeps/boundary.py:seed=$s \
-      --workdir=runs/sweep_boundary_seed$s; done
+      --workdir=runs/sweep_boundary_pair1_seed$s; done
+  for s in 0 1 2; do python launch/sweep.py \
+      --config=configs/sweeps/boundary.py:seed=$s,pairs=pair3,sigmas=0.09+0.11+0.13 \
+      --workdir=runs/sweep_boundary_pair3_seed$s; done
 """
 
 import os
@@ -14,9 +17,16 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import sweep_config  # noqa: E402
 
-SIGMAS = (0.125, 0.16, 0.19)
+SIGMAS = (0.125, 0.16, 0.19)  # sigmas=a+b+c to aim at another pair's budget (pair3's is lower than pair1's)
 
 
 def get_config(arg=None):
-  points = (("baseline", ()),) + tuple((f"noise_{s:g}", (("rollout.noise_sigma", s),)) for s in SIGMAS)
-  return sweep_config("boundary", arg, ("pair1",), points)
+  parts = [p for p in (arg or "").split(",") if p]
+  given = next((p.split("=", 1)[1] for p in parts if p.startswith("sigmas=")), "")
+  try:
+    sigmas = tuple(float(x) for x in given.split("+")) if given else SIGMAS
+  except ValueError:
+    raise ValueError(f"config argument sigmas={given!r} must be numbers joined by +, e.g. sigmas=0.09+0.11") from None
+  rest = ",".join(p for p in parts if not p.startswith("sigmas="))
+  points = (("baseline", ()),) + tuple((f"noise_{s:g}", (("rollout.noise_sigma", s),)) for s in sigmas)
+  return sweep_config("boundary", rest, ("pair1",), points)

@@ -13,7 +13,8 @@ import os
 from opd_jax.analysis.files import read_budget, read_json, read_results
 from opd_jax.analysis.sweep import fill_deltas
 
-SWEEPS = ("sources", "noise_75", "corrections", "staleness_lr4", "staleness_lr4_fkl")  # results/<name>.jsonl
+SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
+          "corrections")  # results/<name>.jsonl
 
 
 def _md(header: list[str], body: list[list[str]]) -> str:
