@@ -75,14 +75,18 @@ def plot_quality_vs_mismatch(rows: list[dict], budget: dict | None, path: str) -
 
 def plot_sources(rows: list[dict], path: str) -> str:
   fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-  noise = sorted((r["rollout"]["noise_sigma"], r) for r in rows if source_of(r) == "noise")
-  stale = sorted((r["rollout"]["staleness_steps"], r) for r in rows if source_of(r) == "staleness")
-  quant = [r for r in rows if source_of(r) == "quantization" and r["pair"] == "pair1"]
   k3 = lambda r: r["mismatch"].get("mismatch/k3", 0.0)
-  axes[0].plot([s for s, _ in noise], [k3(r) for _, r in noise], "o-", color=_COLORS["noise"])
+  for pair, marker in zip(sorted({r["pair"] for r in rows}), "os^vD"):  # one curve per pair (sorted by knob)
+    of_pair = [r for r in rows if r["pair"] == pair]
+    noise = sorted((r for r in of_pair if source_of(r) == "noise"), key=lambda r: r["rollout"]["noise_sigma"])
+    stale = sorted((r for r in of_pair if source_of(r) == "staleness"), key=lambda r: r["rollout"]["staleness_steps"])
+    axes[0].plot([r["rollout"]["noise_sigma"] for r in noise], [k3(r) for r in noise], marker + "-",
+                 color=_COLORS["noise"], label=pair)
+    axes[1].plot([r["rollout"]["staleness_steps"] for r in stale], [k3(r) for r in stale], marker + "-",
+                 color=_COLORS["staleness"], label=pair)
+  quant = [r for r in rows if source_of(r) == "quantization" and r["pair"] == "pair1"]
   axes[0].set_xscale("log")
   axes[0].set_xlabel("weight noise sigma (relative)")
-  axes[1].plot([s for s, _ in stale], [k3(r) for _, r in stale], "o-", color=_COLORS["staleness"])
   axes[1].set_xlabel("staleness (learner updates)")
   axes[2].bar([r["point"] for r in quant], [k3(r) for r in quant], color=_COLORS["quantization"])
   axes[2].tick_params(axis="x", rotation=45)
