@@ -33,13 +33,15 @@ def main_horizon(rows: list[dict]):
   return max(counts, key=lambda h: (counts[h], h or 0))
 
 
-def build_budget(rows: list[dict], *, tolerance: float, relative: bool) -> dict:
-  """Per-pair and pooled budgets (primary scale) plus the other scales' fits, from finished sweep rows, at every
-  run length (horizon) the rows have: a budget is calibrated by runs of one length and is for that length."""
+def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True) -> dict:
+  """Per-pair and pooled budgets (primary scale) plus the other scales' fits (`other_scales`), from finished
+  sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
+  for that length."""
+  scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
   usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   main = main_horizon(usable) if usable else None
   horizons = sorted({r.get("steps") for r in usable}, key=lambda h: h or 0)
-  budgets, other_scales = {}, {}
+  budgets, others = {}, {}
   for h in horizons:
     at_h = [r for r in usable if r.get("steps") == h]
     pairs = sorted({r["pair"] for r in at_h})
@@ -49,10 +51,9 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool) -> dict:
       key = horizon_key(name, h, main)
       budgets[key] = {**budget_lib.calibrate(subset, scale=PRIMARY, tolerance=tolerance, relative=relative),
                       "steps": h}
-      other_scales[key] = {s: {k: v for k, v in budget_lib.calibrate(subset, scale=s, tolerance=tolerance,
-                                                                       relative=relative).items()
-                               if k in ("budget", "interval", "fit", "bounded")}
-                           for s in budget_lib.SCALES if s != PRIMARY}
+      others[key] = {s: {k: v for k, v in budget_lib.calibrate(subset, scale=s, tolerance=tolerance,
+                                                                 relative=relative).items()
+                         if k in ("budget", "interval", "fit", "bounded")} for s in scales}
   if not budgets:
     raise InputError("no pair has >= 3 finished sweep points with a baseline")
   main_rows = [r for r in usable if r.get("steps") == main]
@@ -63,7 +64,7 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool) -> dict:
                                if len(per_pair) > 1 and min(per_pair.values()) > 0 else None),
               "matrix": transfer_matrix(main_rows, budgets, per_pair, tolerance, relative)}
   return {"scale": PRIMARY, "tolerance": tolerance, "tolerance_relative": relative, "steps": main,
-          "horizons": horizons, "budgets": budgets, "other_scales": other_scales, "transfer": transfer,
+          "horizons": horizons, "budgets": budgets, "other_scales": others, "transfer": transfer,
           "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps")} for r in usable]}
 
 

@@ -37,7 +37,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
   p = successes / n
   center = (p + z * z / (2 * n)) / (1 + z * z / n)
   half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-  return [max(0.0, center - half), min(1.0, center + half)]
+  return [0.0 if successes == 0 else max(0.0, center - half), 1.0 if successes == n else min(1.0, center + half)]
 
 
 def group_seeds(rows: list[dict]) -> list[dict]:
