@@ -82,13 +82,12 @@ def validation_table(validation: dict) -> str:
 def corrections_table(prefix_shift: dict) -> str:
   """Per sigma and correction kind, from launch/prefix_shift.py's JSON."""
   body = []
+  signed = lambda x: "n/a" if x is None else f"{x:+.4f}"
   for row in prefix_shift["rows"]:
     for kind, c in row.get("corrections", {}).items():
-      signed = lambda x: "n/a" if x is None else f"{x:+.4f}"
       body.append([f"{row['sigma']:g}", kind, signed(c["k1_error"]), signed(c["shift"]), f"{100 * c['kept']:.0f}%",
                    f"{100 * c['ess']:.0f}%"])
   return _md(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"], body)
-
 
 
 def all_tables(results_dir: str) -> dict[str, str]:
