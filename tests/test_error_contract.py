@@ -91,6 +91,9 @@ CASES = [
     ("report_out_file", "launch/report.py", "--results={d}/ok.jsonl", "--out={d}/file", "is a file"),
     ("report_validation_list", "launch/report.py", "--results={d}/ok.jsonl", "--validation={d}/list.json",
      "--out={d}/report", "holds a JSON list"),
+    ("report_heldout_alone", "launch/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
+     "--out={d}/report", "only read with --validate"),
+    ("results_tables_missing", "launch/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
     # the other scripts
     ("sweep_missing_config", "launch/sweep.py", "--config=configs/sweeps/nope.py", "--workdir={d}/sweep",
      "does not exist"),
