@@ -75,7 +75,8 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.data.seed = 0  # problem generation and shuffling
 
   c.rollout = ml_collections.ConfigDict()  # every mismatch knob; see opd_jax/rollout/config.py
-  c.rollout.weights = "none"  # sampler weight recipe: none | bf16 | int8 | int4 | fp8 | fp8_e5m2 | fp8_tensor
+  c.rollout.weights = "none"  # sampler weight recipe: none | bf16 | int8 | int4 | int3 | int2 | fp8 | fp8_e5m2
+  # | fp8_tensor
   c.rollout.weight_rules = ()  # ordered ((regex, precision), ...) over param paths; overrides `weights`
   c.rollout.quantize_embedding = False  # int8/fp8 shorthands: store the embedding table at that precision too
   c.rollout.kv_cache = "native"  # sampler KV cache: native | bf16 | int8 | int4 | fp8 | fp8_e5m2

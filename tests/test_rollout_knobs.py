@@ -45,11 +45,13 @@ def test_each_precision_knob_is_small_and_nonzero(tiny_checkpoints, knob):
   assert 1e-6 < error < 0.5, (knob, error)  # e5m2 (2 mantissa bits) is the coarsest, ~0.2 here
 
 
-def test_int4_is_coarser_than_int8_for_weights_and_kv(tiny_checkpoints):
+def test_int4_is_coarser_than_int8_for_weights_and_kv_and_int3_coarser_still(tiny_checkpoints):
   path = tiny_checkpoints["qwen2"]
   for field in ("weights", "kv_cache"):
     int8, int4 = (_mismatch(path, RolloutConfig(max_new_tokens=12, **{field: d})) for d in ("int8", "int4"))
     assert 0 < int8 < int4, (field, int8, int4)
+  int3 = _mismatch(path, RolloutConfig(max_new_tokens=12, weights="int3"))
+  assert int3 > int4, (int3, int4)
 
 
 def test_fp8_is_coarser_than_int8(tiny_checkpoints):
@@ -91,16 +93,18 @@ def test_recipe_stores_quantized_values_and_saves_bytes(tiny_checkpoints):
   full = precision.apply_recipe(state, precision.recipe_rules(rules=everything))
   assert precision.state_bytes(full) == memory.weight_bytes(model.config, precision.recipe_rules(rules=everything), 4)
   assert precision.state_bytes(full) < precision.state_bytes(state) / 2  # float32 -> bf16 / 8-bit
-  # int4 (stored jnp.int4, counted two per byte) and per-tensor fp8 (one scale per matrix), same arithmetic.
-  for name in ("int4", "fp8_tensor"):
+  # int4 / int3 / int2 (stored jnp.int4, counted two per byte) and per-tensor fp8 (one scale per matrix), same
+  # arithmetic; the integer grids hold only their levels.
+  for name, levels in (("int4", 7), ("int3", 3), ("int2", 1), ("fp8_tensor", None)):
     recipe = precision.recipe_rules(name, embedding=True)
     out = precision.apply_recipe(state, recipe)
     kernel = out["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
-    assert kernel.qvalue.dtype == (jnp.int4 if name == "int4" else jnp.float8_e4m3fn)
-    assert kernel.scale[0].shape == ((1, 80) if name == "int4" else (1, 1))
+    assert kernel.qvalue.dtype == (jnp.float8_e4m3fn if levels is None else jnp.int4)
+    assert kernel.scale[0].shape == ((1, 1) if levels is None else (1, 80))
     assert precision.state_bytes(out) == memory.weight_bytes(model.config, recipe, 4)
-  int4 = precision.apply_recipe(state, precision.recipe_rules("int4"))["layers"][0]["mlp"]["up_proj"]["kernel"]
-  assert set(np.unique(np.asarray(int4.get_value().qvalue, np.int32))) <= set(range(-7, 8))
+    if levels is not None:
+      used = set(np.unique(np.asarray(kernel.qvalue, np.int32)))
+      assert used <= set(range(-levels, levels + 1)) and {-levels, levels} <= used, (name, used)
 
 def test_per_layer_rules_first_match_wins(tiny_checkpoints):
   state = nnx.state(load_pretrained(tiny_checkpoints["qwen3"]))

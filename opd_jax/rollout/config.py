@@ -17,7 +17,7 @@ NOISE_ORDERS = ("before_quant", "after_quant")
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  weights: str = "none"  # shorthand: none | bf16 | int8 | int4 | fp8 | fp8_e5m2 | fp8_tensor (rollout.precision)
+  weights: str = "none"  # none | bf16 | int8 | int4 | int3 | int2 | fp8 | fp8_e5m2 | fp8_tensor (rollout.precision)
   weight_rules: precision.Rules = ()  # explicit ordered (regex, precision) rules; override `weights`
   quantize_embedding: bool = False  # int8/fp8 shorthands: the embedding table at that precision too
   kv_cache: str = "native"  # native | bf16 | int8 | int4 | fp8_e4m3 | fp8_e5m2 (see rollout.kv_cache)

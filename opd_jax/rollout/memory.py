@@ -1,8 +1,8 @@
 """Memory accounting for a rollout engine: weight bytes under a recipe, KV bytes per token, KV capacity.
 
 Weight bytes are computed from parameter shapes alone (an abstract model, no allocation), with the same rules
-`rollout.precision` applies: none -> the learner dtype's bytes, bf16 -> 2, int8/fp8 -> 1 and int4 -> 1/2 per
-element, plus a float32 scale per output channel (per row for the embedding; one for per-tensor recipes). Tests check the arithmetic against the measured
+`rollout.precision` applies: none -> the learner dtype's bytes, bf16 -> 2, int8/fp8 -> 1 and int4 / int3 / int2 -> 1/2 per
+element (the 4-bit container), plus a float32 scale per output channel (per row for the embedding; one for per-tensor recipes). Tests check the arithmetic against the measured
 bytes of real quantized states. KV bytes per token come from `rollout.kv_cache.kv_bytes_per_token`.
 """
 
@@ -46,7 +46,7 @@ def weight_bytes(config: ModelConfig, rules: precision.Rules, native_bytes: int 
     p = precision.precision_for(path, rules)
     if p in precision.QUANTIZED and len(shape) == 2:
       channels = 1 if p in precision.PER_TENSOR else shape[0] if path.endswith("embedding") else shape[1]
-      total += (size + 1) // 2 if p == "int4" else size
+      total += (size + 1) // 2 if p in precision.NIBBLE else size
       total += 4 * channels
     elif p == "bf16":
       total += 2 * size

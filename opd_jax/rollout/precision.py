@@ -9,6 +9,9 @@ precision. Precisions:
   bf16       rounded to bfloat16 and stored as bfloat16
   int8       AQT symmetric int8 (abs-max calibration), stored int8 + float32 scales
   int4       AQT symmetric int4 (levels -7..7), stored int4 (two per byte on TPU / GPU) + float32 scales
+  int3       AQT symmetric 3-bit (levels -3..3, the GPTQ / llama.cpp Q3 grid), stored in the int4 container,
+             so it costs int4's bytes here (a 3-bit packing engine would store 3/8 of a byte)
+  int2       AQT symmetric 2-bit (levels -1..1, ternary), stored in the int4 container like int3
   fp8_e4m3   AQT float8_e4m3fn, stored fp8 + float32 scales (max |q| = 448)
   fp8_e5m2   AQT float8_e5m2, stored fp8 + float32 scales
   fp8_e4m3_tensor  float8_e4m3fn with ONE scale per tensor (the per-tensor recipe of early fp8 engines)
@@ -22,7 +25,7 @@ thing, and per channel is the harsher, cheaper end. Quantized precisions apply t
 `aqt.jax.v2.aqt_tensor.QTensor`s kept in the model state, so the memory saving is real (see `state_bytes`),
 and each Linear dequantizes its weight right before its matmul (weight-only quantization).
 
-Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `int4` / `fp8` / `fp8_e5m2` /
+Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `int4` / `int3` / `int2` / `fp8` / `fp8_e5m2` /
 `fp8_tensor` (every decoder
 Linear kernel; embeddings, lm_head, norms and biases untouched, as in common int8/fp8 serving recipes).
 With `embedding=True` the int8/fp8 shorthands also store the input embedding table at that precision
@@ -44,14 +47,15 @@ from flax import nnx
 from opd_jax.errors import InputError
 from opd_jax.models.sharding import array_bytes
 
-PRECISIONS = ("none", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_tensor")
+PRECISIONS = ("none", "bf16", "int8", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_tensor")
 _ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16",
             "fp8_tensor": "fp8_e4m3_tensor"}
-_AQT_BITS = {"int8": 8, "int4": 4, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp8_e4m3_tensor": "e4m3"}
-_STORAGE = {"int8": jnp.int8, "int4": jnp.int4, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
+_AQT_BITS = {"int8": 8, "int4": 4, "int3": 3, "int2": 2, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp8_e4m3_tensor": "e4m3"}
+_STORAGE = {"int8": jnp.int8, "int4": jnp.int4, "int3": jnp.int4, "int2": jnp.int4, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
             "fp8_e4m3_tensor": jnp.float8_e4m3fn}
 QUANTIZED = tuple(_AQT_BITS)  # precisions stored as values + scales (matrices only)
 PER_TENSOR = ("fp8_e4m3_tensor",)
+NIBBLE = ("int4", "int3", "int2")  # stored in the 4-bit container, two per byte
 _EMBEDDING = r"^embed_tokens\.embedding$"
 _DECODER_LINEARS = r"^layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.kernel$"
 
