@@ -106,6 +106,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.objective.is_cap = 2.0  # C for tis / mis / seq_tis / geo_tis
   c.objective.geo_lo = 0.9  # geo_reject keeps a sequence whose geometric-mean ratio is in [geo_lo, geo_hi]
   c.objective.geo_hi = 1.1
+  c.objective.min_ess = 0.0  # skip an update whose importance weights' ESS share is below this (0 = never)
   c.objective.beta = 0.5  # jsd interpolation
   c.objective.top_k = 16  # support of the *_topk objectives
   c.objective.temperature = 1.0  # full-vocabulary objectives divide both logits by this

@@ -58,6 +58,42 @@ def test_chunked_micro_batched_step_equals_whole(tiny_pair, name):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
+def test_min_ess_skips_an_update_whose_sequence_weights_collapse(tiny_pair):
+  """Sampler log-probs shifted per row make seq_tis weights span orders of magnitude: the logged ESS share is
+  the numpy (sum w)^2 / (N sum w^2) over tokens, equal in 2 micro-batches, and an update under min_ess is
+  skipped (parameters unchanged) while one above it is applied."""
+  graphdef, params, batch = _batch(tiny_pair)
+  shift_B = jnp.linspace(-3.0, 3.0, batch.mask_BxR.shape[0])
+  batch.sampler_logp_BxR = batch.sampler_logp_BxR + shift_B[:, None] / jnp.maximum(batch.mask_BxR.sum(1), 1)[:, None]
+  mesh = shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  sgd = optax.sgd(1.0)
+  _, free = _step(graphdef, params, batch, mesh, ObjectiveConfig(importance="seq_tis", is_cap=100.0), sgd)
+  _, micro = _step(graphdef, params, batch, mesh, ObjectiveConfig(importance="seq_tis", is_cap=100.0), sgd,
+                   micro_batch_size=4)
+  ess = float(free["opd/is_ess"])
+  np.testing.assert_allclose(float(micro["opd/is_ess"]), ess, rtol=1e-6)
+  # Reference from the weights themselves: the learner's log-probs equal the sampler's before the shift (same
+  # model, float32), so log rho = -shift per row.
+  mask = np.asarray(batch.mask_BxR, np.float64)
+  w = np.minimum(np.exp(-np.asarray(shift_B, np.float64)), 100.0)[:, None] * mask
+  np.testing.assert_allclose(ess, w.sum() ** 2 / (mask.sum() * (w ** 2).sum()), rtol=2e-3)
+  assert 0.05 < ess < 0.5 and float(free["skipped"]) == 0.0
+  for min_ess, skipped in ((ess * 1.1, 1.0), (ess * 0.9, 0.0)):
+    state, metrics = _step(graphdef, params, batch, mesh,
+                           ObjectiveConfig(importance="seq_tis", is_cap=100.0, min_ess=min_ess), sgd)
+    assert float(metrics["skipped"]) == skipped and int(state.step) == 1 - skipped
+    moved = any(not np.array_equal(np.asarray(a), np.asarray(b))
+                for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)))
+    assert moved == (skipped == 0.0)
+
+
+def test_min_ess_needs_importance_weights():
+  with pytest.raises(ValueError, match="min_ess=0.1 guards importance weights"):
+    ObjectiveConfig(name="reverse_kl", min_ess=0.1)
+  with pytest.raises(ValueError, match=r"min_ess must be in \[0, 1\)"):
+    ObjectiveConfig(importance="tis", min_ess=1.0)
+
+
 def test_one_row_micro_batches_equal_full_batch(tiny_pair):
   """The extreme split, 8 micro-batches of one row (one of them with few tokens), feeds one update equal to the
   full-batch one. (Plain SGD, so parameters differ exactly by the gradient differences: Adam's first step,

@@ -21,6 +21,10 @@ tokens a_t. Log-probs and logits are float32.
                  Token weights correct which token was drawn at a prefix; only sequence weights can also
                  reweight which prefixes were reached (README, prefix-shift table). Zero weights keep their
                  tokens in the loss's denominator (the token mean of the batch), as mis does.
+                 Guard: the batch's effective sample size ESS = (sum w)^2 / (N sum w^2) over its N response
+                 tokens (1 when every weight is equal) is logged as opd/is_ess; with `min_ess` > 0 an update whose
+                 ESS falls below it is skipped (as a non-finite one is), so a correction that keeps a handful of
+                 responses cannot take full Adam steps on them.
   reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix.
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
@@ -67,6 +71,7 @@ class ObjectiveConfig:
   is_cap: float = 2.0  # C for tis / mis / seq_tis / geo_tis
   geo_lo: float = 0.9  # geo_reject: keep sequences whose geometric-mean ratio is in [geo_lo, geo_hi]
   geo_hi: float = 1.1
+  min_ess: float = 0.0  # skip an update whose importance weights' ESS share is below this (0 = never)
   beta: float = 0.5  # jsd / jsd_topk
   top_k: int = 16  # *_topk support size
   temperature: float = 1.0  # divides student and teacher logits in the full-vocabulary objectives
@@ -85,6 +90,12 @@ class ObjectiveConfig:
     if not 0 < self.geo_lo <= 1 <= self.geo_hi:
       raise InputError(f"objective.geo_lo / geo_hi must satisfy 0 < geo_lo <= 1 <= geo_hi, got {self.geo_lo}, "
                        f"{self.geo_hi}")
+    if not 0 <= self.min_ess < 1:
+      raise InputError(f"objective.min_ess must be in [0, 1) (a share of the batch's tokens), got {self.min_ess}")
+    if self.min_ess and (self.importance == "none" or self.name not in ("reverse_kl_pg", "grpo")):
+      raise InputError(f"objective.min_ess={self.min_ess} guards importance weights, but objective {self.name!r} "
+                       f"with importance={self.importance!r} has none; set an importance kind on reverse_kl_pg / "
+                       "grpo, or min_ess=0")
     if self.is_cap <= 1 or not 0 <= self.beta <= 1 or self.top_k < 1 or self.temperature <= 0:
       raise InputError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
                        f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
@@ -224,11 +235,24 @@ def _weights(x: LossInputs, c: ObjectiveConfig) -> jax.Array:
                             (c.geo_lo, c.geo_hi))
 
 
+def _weight_sums(weights_BxR):
+  """Token means of w and w^2 (they add up over micro-batches); `effective_sample_size` reads them."""
+  return {"is_weight": weights_BxR, "is_weight_sq": weights_BxR * weights_BxR}
+
+
+def effective_sample_size(aux: dict) -> jax.Array | None:
+  """ESS share (sum w)^2 / (N sum w^2) of the batch's importance weights from compute_loss's token means; None
+  for objectives without weights."""
+  if "is_weight" not in aux:
+    return None
+  return aux["is_weight"] ** 2 / jnp.maximum(aux["is_weight_sq"], 1e-30)
+
+
 def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
   student_logp = x.learner_logp_BxR if c.student_logp == "learner" else x.sampler_logp_BxR
   advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_logp)
   weights_BxR = _weights(x, c)
-  return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"advantage": advantage_BxR, "is_weight": weights_BxR}
+  return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"advantage": advantage_BxR, **_weight_sums(weights_BxR)}
 
 
 def _grpo(x: LossInputs, c: ObjectiveConfig):
@@ -237,7 +261,7 @@ def _grpo(x: LossInputs, c: ObjectiveConfig):
                      "grades them")
   advantage_BxR = jax.lax.stop_gradient(x.advantage_B)[:, None] * x.mask_BxR
   weights_BxR = _weights(x, c)
-  return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"is_weight": weights_BxR}
+  return -weights_BxR * advantage_BxR * x.learner_logp_BxR, _weight_sums(weights_BxR)
 
 
 def _vocabulary(x: LossInputs, c: ObjectiveConfig):

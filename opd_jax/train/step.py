@@ -37,7 +37,7 @@ from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergence
 from opd_jax.objectives.chunked import gather_logp, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact, divergence_topk,
-                                       group_advantages, masked_mean)
+                                       effective_sample_size, group_advantages, masked_mean)
 
 
 @jax.tree_util.register_dataclass
@@ -173,21 +173,26 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
 
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  ess = effective_sample_size(aux)
+  aux.pop("is_weight_sq", None)
+  apply = finite & (ess >= objective.min_ess) if ess is not None and objective.min_ess else finite
   updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)
   new_state = TrainState(keep(new_params, state.params), keep(new_opt_state, state.opt_state),
-                         state.step + finite.astype(jnp.int32))
+                         state.step + apply.astype(jnp.int32))
 
   metrics = {
       "loss": loss,
       "grad_norm": grad_norm,
-      "skipped": 1.0 - finite.astype(jnp.float32),
+      "skipped": 1.0 - apply.astype(jnp.float32),  # non-finite, or importance ESS below objective.min_ess
       "response_tokens": jnp.sum(mask) / B,
       # k1 estimate of KL(student || teacher) on the student's own samples: what OPD minimizes.
       "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
       **{f"opd/{k}": v for k, v in aux.items()},
   }
+  if ess is not None:
+    metrics["opd/is_ess"] = ess
   if objective.name == "grpo" and advantage_B is not None:
     metrics["opd/zero_advantage_fraction"] = jnp.mean((jnp.abs(advantage_B) < 1e-3).astype(jnp.float32))
   if batch.reward_B is not None:
