@@ -61,13 +61,18 @@ def _summarize(workdir: str) -> dict:
   train_rows = [r for r in rows if "loss" in r]
   eval_rows = [r for r in rows if "eval/accuracy" in r]
   mismatch_keys = sorted({k for r in train_rows for k in r if k.startswith(("mismatch", "rollout/"))})
-  summary = {k: float(np.mean([r[k] for r in train_rows if isinstance(r.get(k), float)])) for k in mismatch_keys}
-  return {"mismatch": summary,
+  mean = lambda k: float(np.mean([r[k] for r in train_rows if isinstance(r.get(k), float)]))
+  summary = {k: mean(k) for k in mismatch_keys}
+  importance = {k: mean(k) for k in ("opd/is_weight", "opd/is_ess") if any(k in r for r in train_rows)}
+  return {"mismatch": summary, **({"importance": importance} if importance else {}),
           "initial_accuracy": eval_rows[0]["eval/accuracy"],
           "final_accuracy": eval_rows[-1]["eval/accuracy"],
           "best_accuracy": max(r["eval/accuracy"] for r in eval_rows),
           "final_reverse_kl": eval_rows[-1].get("eval/reverse_kl"),
-          "skipped_steps": float(sum(r.get("skipped", 0.0) for r in train_rows))}
+          "skipped_steps": float(sum(r.get("skipped", 0.0) for r in train_rows)),
+          # objective.min_ess: share of updates skipped for a low importance ESS (logged rows are window means)
+          **({"low_ess_skip_fraction": mean("skipped_low_ess")} if any("skipped_low_ess" in r for r in train_rows)
+             else {})}
 
 
 def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, log=print) -> list[dict]:

@@ -23,8 +23,8 @@ tokens a_t. Log-probs and logits are float32.
                  tokens in the loss's denominator (the token mean of the batch), as mis does.
                  Guard: the batch's effective sample size ESS = (sum w)^2 / (N sum w^2) over its N response
                  tokens (1 when every weight is equal) is logged as opd/is_ess; with `min_ess` > 0 an update whose
-                 ESS falls below it is skipped (as a non-finite one is), so a correction that keeps a handful of
-                 responses cannot take full Adam steps on them.
+                 ESS falls below it is skipped (the state stays as it was; logged as skipped_low_ess), so a
+                 correction that keeps a handful of responses cannot take full Adam steps on them.
   reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix.
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.

@@ -185,7 +185,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   metrics = {
       "loss": loss,
       "grad_norm": grad_norm,
-      "skipped": 1.0 - apply.astype(jnp.float32),  # non-finite, or importance ESS below objective.min_ess
+      "skipped": 1.0 - finite.astype(jnp.float32),  # non-finite (the loop stops after max_skipped_steps)
       "response_tokens": jnp.sum(mask) / B,
       # k1 estimate of KL(student || teacher) on the student's own samples: what OPD minimizes.
       "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
@@ -193,6 +193,8 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   }
   if ess is not None:
     metrics["opd/is_ess"] = ess
+    if objective.min_ess:
+      metrics["skipped_low_ess"] = (finite & ~apply).astype(jnp.float32)
   if objective.name == "grpo" and advantage_B is not None:
     metrics["opd/zero_advantage_fraction"] = jnp.mean((jnp.abs(advantage_B) < 1e-3).astype(jnp.float32))
   if batch.reward_B is not None:
