@@ -15,6 +15,18 @@ def _run(*args, timeout=300):
   return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _run_together(*commands, timeout=300):
+  """Several launch-script runs at once (each mostly waits on single-threaded compiles); CompletedProcesses."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  processes = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for args in commands]
+  results = []
+  for args, process in zip(commands, processes):
+    stdout, stderr = process.communicate(timeout=timeout)
+    results.append(subprocess.CompletedProcess(args, process.returncode, stdout, stderr))
+  return results
+
+
 def test_sample_json(tiny_pair):
   result = _run("launch/sample.py", f"--checkpoint={tiny_pair['student']}", "--prompt_ids=5,6,7",
                 "--max_new_tokens=6", "--temperature=0", "--weights=int8", "--kv_cache=fp8", "--json")
@@ -84,16 +96,16 @@ def test_admit_exit_codes(tiny_pair, tmp_path):
   path = tmp_path / "budget.json"
   path.write_text(json.dumps(budget))
   # Many candidates in one process: ranked admitted-first by KV tokens at Qwen3-8B shapes, then by k3.
-  screened = _run(*base, f"--budget={path}", "--json", "--candidates=weights=int8;noise=0.5;kv_cache=int8")
+  screened, rejected, missing = _run_together(
+      (*base, f"--budget={path}", "--json", "--candidates=weights=int8;noise=0.5;kv_cache=int8"),
+      (*base, f"--budget={path}", "--noise=0.5"), (*base, f"--budget={tmp_path / 'nope.json'}"))
   assert screened.returncode == 0, screened.stdout + screened.stderr[-2000:]
   rows = json.loads(screened.stdout.strip().splitlines()[-1])["rows"]
   assert [(r["rank"], r["candidate"], r["admit"]) for r in rows] == [
       (1, "kv_cache=int8", True), (2, "weights=int8", True), (3, "noise_sigma=0.5", False)]
   assert rows[0]["kv_tokens"] > rows[1]["kv_tokens"] and rows[1]["weight_bytes"] < 0.6 * rows[0]["weight_bytes"]
   assert "ADMIT" in screened.stdout and "KV tokens @ qwen3-8b" in screened.stdout
-  rejected = _run(*base, f"--budget={path}", "--noise=0.5")
   assert rejected.returncode == 1 and rejected.stdout.startswith("REJECT"), rejected.stdout
-  missing = _run(*base, f"--budget={tmp_path / 'nope.json'}")
   assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 

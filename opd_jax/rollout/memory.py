@@ -1,9 +1,10 @@
 """Memory accounting for a rollout engine: weight bytes under a recipe, KV bytes per token, KV capacity.
 
 Weight bytes are computed from parameter shapes alone (an abstract model, no allocation), with the same rules
-`rollout.precision` applies: none -> the learner dtype's bytes, bf16 -> 2, int8/fp8 -> 1 and int4 / int3 / int2 -> 1/2 per
-element (the 4-bit container), plus a float32 scale per output channel (per row for the embedding; one for per-tensor recipes). Tests check the arithmetic against the measured
-bytes of real quantized states. KV bytes per token come from `rollout.kv_cache.kv_bytes_per_token`.
+`rollout.precision` applies: none -> the learner dtype's bytes, bf16 -> 2, int8/fp8 -> 1 and int4 / int3 / int2 ->
+1/2 per element (the 4-bit container), plus a float32 scale per output channel (per row for the embedding; one for
+per-tensor recipes). Tests check the arithmetic against the measured bytes of real quantized states. KV bytes per
+token come from `rollout.kv_cache.kv_bytes_per_token`.
 """
 
 from __future__ import annotations

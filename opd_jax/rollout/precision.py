@@ -25,13 +25,12 @@ thing, and per channel is the harsher, cheaper end. Quantized precisions apply t
 `aqt.jax.v2.aqt_tensor.QTensor`s kept in the model state, so the memory saving is real (see `state_bytes`),
 and each Linear dequantizes its weight right before its matmul (weight-only quantization).
 
-Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `int4` / `int3` / `int2` / `fp8` / `fp8_e5m2` /
-`fp8_tensor` (every decoder
-Linear kernel; embeddings, lm_head, norms and biases untouched, as in common int8/fp8 serving recipes).
-With `embedding=True` the int8/fp8 shorthands also store the input embedding table at that precision
-(per-row scales; a lookup, so only the looked-up rows are dequantized). With tied embeddings that table is the
-LM head too. At Qwen3-8B shapes this takes fp8 sampler weights from 0.58x to 0.54x of bf16
-(README "Scaling the rollout engine").
+Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `int4` / `int3` / `int2` / `fp8` /
+`fp8_e5m2` / `fp8_tensor` (every decoder Linear kernel; embeddings, lm_head, norms and biases untouched, as in
+common int8/fp8 serving recipes). With `embedding=True` the int8/fp8 shorthands also store the input embedding
+table at that precision (per-row scales; a lookup, so only the looked-up rows are dequantized). With tied
+embeddings that table is the LM head too. At Qwen3-8B shapes this takes fp8 sampler weights from 0.58x to 0.54x of
+bf16 (README "Scaling the rollout engine").
 """
 
 from __future__ import annotations
@@ -50,9 +49,10 @@ from opd_jax.models.sharding import array_bytes
 PRECISIONS = ("none", "bf16", "int8", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_tensor")
 _ALIASES = {"fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16",
             "fp8_tensor": "fp8_e4m3_tensor"}
-_AQT_BITS = {"int8": 8, "int4": 4, "int3": 3, "int2": 2, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2", "fp8_e4m3_tensor": "e4m3"}
-_STORAGE = {"int8": jnp.int8, "int4": jnp.int4, "int3": jnp.int4, "int2": jnp.int4, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
-            "fp8_e4m3_tensor": jnp.float8_e4m3fn}
+_AQT_BITS = {"int8": 8, "int4": 4, "int3": 3, "int2": 2, "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2",
+             "fp8_e4m3_tensor": "e4m3"}
+_STORAGE = {"int8": jnp.int8, "int4": jnp.int4, "int3": jnp.int4, "int2": jnp.int4, "fp8_e4m3": jnp.float8_e4m3fn,
+            "fp8_e5m2": jnp.float8_e5m2, "fp8_e4m3_tensor": jnp.float8_e4m3fn}
 QUANTIZED = tuple(_AQT_BITS)  # precisions stored as values + scales (matrices only)
 PER_TENSOR = ("fp8_e4m3_tensor",)
 NIBBLE = ("int4", "int3", "int2")  # stored in the 4-bit container, two per byte
