@@ -1,7 +1,7 @@
 """The error contract of every launch script, table-driven: each bad input exits 2 with exactly one `error:` line
 naming the culprit, no traceback, and leaves nothing behind in its folder.
 
-The cases run concurrently once (a module fixture); each case is then its own test. Most fail while the flags are
+The selected cases run concurrently once (a module fixture); each case is then its own test. Most fail while the flags are
 parsed (a fraction of a second); the rest load a tiny checkpoint.
 """
 
@@ -176,10 +176,13 @@ def _run_case(case, root: str, pair: dict):
 
 
 @pytest.fixture(scope="module")
-def outcomes(tiny_pair, tmp_path_factory):
+def outcomes(request, tiny_pair, tmp_path_factory):
+  """Only the cases this session selected (pytest -k ...) run."""
+  selected = {item.callspec.params["case"][0] for item in request.session.items
+              if item.module is request.module and getattr(item, "originalname", "") == "test_bad_input"}
   root = str(tmp_path_factory.mktemp("error_contract"))
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    futures = {case[0]: pool.submit(_run_case, case, root, tiny_pair) for case in CASES}
+    futures = {case[0]: pool.submit(_run_case, case, root, tiny_pair) for case in CASES if case[0] in selected}
     return {case_id: future.result() for case_id, future in futures.items()}
 
 
