@@ -79,6 +79,18 @@ def validation_table(validation: dict) -> str:
               "per seed", "real run", "agree"], body)
 
 
+def guard_table(rows: list[dict]) -> str:
+  """Runs with the importance ESS guard (objective.min_ess): what the weights kept and how many updates ran."""
+  body = []
+  for r in rows:
+    if r.get("status") == "ok" and "low_ess_skip_fraction" in r:
+      w = r["importance"]
+      body.append([r["pair"], r["point"], f"{100 * w['opd/is_weight']:.1f}%", f"{100 * w['opd/is_ess']:.1f}%",
+                   f"{100 * r['low_ess_skip_fraction']:.0f}%", f"{100 * r['initial_accuracy']:.1f}%",
+                   f"{100 * r['final_accuracy']:.1f}%"])
+  return _md(["pair", "point", "mean weight", "ESS", "updates skipped", "start acc", "final acc"], body)
+
+
 def corrections_table(prefix_shift: dict) -> str:
   """Per sigma and correction kind, from launch/prefix_shift.py's JSON."""
   body = []
@@ -96,7 +108,10 @@ def all_tables(results_dir: str) -> dict[str, str]:
   for name in SWEEPS:
     path = os.path.join(results_dir, f"{name}.jsonl")
     if os.path.exists(path):
-      tables[f"sweep {name}"] = sweep_table(fill_deltas(read_results(path)))
+      rows = fill_deltas(read_results(path))
+      tables[f"sweep {name}"] = sweep_table(rows)
+      if any("low_ess_skip_fraction" in r for r in rows):
+        tables[f"ESS guard {name}"] = guard_table(rows)
   budget_path = os.path.join(results_dir, "budget.json")
   if os.path.exists(budget_path):
     budget = read_budget(budget_path)
