@@ -41,46 +41,52 @@ assert set(CHUNKED_PATHS) <= set(OBJECTIVES)
 @pytest.mark.parametrize("name", CHUNKED_PATHS)
 def test_chunked_micro_batched_step_equals_whole(tiny_pair, name):
   """Every objective: loss, gradient (via the SGD update), and every metric, in 2 micro-batches of 4 rows and
-  chunks of 12 tokens (3 positions: the 10-token response is padded), to 1e-6 in float32."""
+  chunks of 12 tokens (3 positions: the 10-token response is padded), to 1e-6 in float32. The sampled-token
+  objectives carry per-sequence importance weights from e^-1 to e, so their weight sums and ESS must add up
+  over micro-batches too (a wider spread scales the gradient, and its float32 rounding, by the largest weight)."""
   graphdef, params, batch = _batch(tiny_pair)
   if name == "grpo":
     batch.reward_B = jnp.asarray([1, 0, 0, 1, 1, 1, 0, 1], jnp.float32)
-  objective = ObjectiveConfig(name=name, group_size=4, top_k=5)
+  sampled = name in ("reverse_kl_pg", "grpo")
+  if sampled:
+    _shift_sampler_logp(batch, nats=1.0)
+  objective = ObjectiveConfig(name=name, group_size=4, top_k=5, importance="seq_tis" if sampled else "none",
+                              is_cap=100.0)
   mesh = shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   teacher, sgd = _teacher(tiny_pair), optax.sgd(1.0)
   whole_state, whole = _step(graphdef, params, batch, mesh, objective, sgd, teacher)
   chunk_state, chunk = _step(graphdef, params, batch, mesh, objective, sgd, teacher, logits_chunk=12,
                              micro_batch_size=4)
-  assert set(whole) == set(chunk)
+  assert set(whole) == set(chunk) and (not sampled or float(whole["opd/is_ess"]) < 0.95)
   for key in whole:
     np.testing.assert_allclose(float(chunk[key]), float(whole[key]), rtol=1e-6, atol=1e-6, err_msg=key)
   for a, b in zip(jax.tree.leaves(chunk_state.params), jax.tree.leaves(whole_state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
-def test_min_ess_skips_an_update_whose_sequence_weights_collapse(tiny_pair):
-  """Sampler log-probs shifted per row make seq_tis weights span orders of magnitude: the logged ESS share is
-  the numpy (sum w)^2 / (N sum w^2) over tokens, equal in 2 micro-batches, and an update under min_ess is
-  skipped (parameters unchanged) while one above it is applied."""
-  graphdef, params, batch = _batch(tiny_pair)
-  shift_B = jnp.linspace(-3.0, 3.0, batch.mask_BxR.shape[0])
+def _shift_sampler_logp(batch, nats: float = 3.0):
+  """Sampler log-probs shifted per row by -nats..nats over the response, so per-sequence importance weights span
+  e^(2 nats) (the learner's log-probs equal the sampler's before the shift: same model, float32)."""
+  shift_B = jnp.linspace(-nats, nats, batch.mask_BxR.shape[0])
   batch.sampler_logp_BxR = batch.sampler_logp_BxR + shift_B[:, None] / jnp.maximum(batch.mask_BxR.sum(1), 1)[:, None]
-  mesh = shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-  sgd = optax.sgd(1.0)
-  _, free = _step(graphdef, params, batch, mesh, ObjectiveConfig(importance="seq_tis", is_cap=100.0), sgd)
-  _, micro = _step(graphdef, params, batch, mesh, ObjectiveConfig(importance="seq_tis", is_cap=100.0), sgd,
-                   micro_batch_size=4)
-  ess = float(free["opd/is_ess"])
-  np.testing.assert_allclose(float(micro["opd/is_ess"]), ess, rtol=1e-6)
-  # Reference from the weights themselves: the learner's log-probs equal the sampler's before the shift (same
-  # model, float32), so log rho = -shift per row.
+  return shift_B
+
+
+def test_min_ess_skips_an_update_whose_sequence_weights_collapse(tiny_pair):
+  """seq_tis weights spanning orders of magnitude: the logged ESS share is the numpy (sum w)^2 / (N sum w^2) over
+  tokens, an update under min_ess is skipped (parameters unchanged) and one above it is applied. (That the ESS
+  adds up over micro-batches is checked by test_chunked_micro_batched_step_equals_whole.)"""
+  graphdef, params, batch = _batch(tiny_pair)
+  shift_B = _shift_sampler_logp(batch)
   mask = np.asarray(batch.mask_BxR, np.float64)
-  w = np.minimum(np.exp(-np.asarray(shift_B, np.float64)), 100.0)[:, None] * mask
-  np.testing.assert_allclose(ess, w.sum() ** 2 / (mask.sum() * (w ** 2).sum()), rtol=2e-3)
-  assert 0.05 < ess < 0.5 and float(free["skipped"]) == 0.0
+  w = np.minimum(np.exp(-np.asarray(shift_B, np.float64)), 100.0)[:, None] * mask  # log rho = -shift per row
+  ess = w.sum() ** 2 / (mask.sum() * (w ** 2).sum())
+  assert 0.05 < ess < 0.5
+  mesh = shard_lib.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   for min_ess, skipped in ((ess * 1.1, 1.0), (ess * 0.9, 0.0)):
     state, metrics = _step(graphdef, params, batch, mesh,
-                           ObjectiveConfig(importance="seq_tis", is_cap=100.0, min_ess=min_ess), sgd)
+                           ObjectiveConfig(importance="seq_tis", is_cap=100.0, min_ess=min_ess), optax.sgd(1.0))
+    np.testing.assert_allclose(float(metrics["opd/is_ess"]), ess, rtol=2e-3)
     assert float(metrics["skipped_low_ess"]) == skipped and int(state.step) == 1 - skipped
     assert float(metrics["skipped"]) == 0.0  # "skipped" counts non-finite updates only
     moved = any(not np.array_equal(np.asarray(a), np.asarray(b))

@@ -41,7 +41,7 @@ CASES = [
     # train.py: config fields
     ("train_objective", *TRAIN, "--config.objective.name=kl", "objective.name 'kl' is unknown"),
     ("train_prompt_tokens", *TRAIN, "--config.data.max_prompt_tokens=0", "data.max_prompt_tokens"),
-    ("train_weights", *TRAIN, "--config.rollout.weights=int3", "int3"),
+    ("train_weights", *TRAIN, "--config.rollout.weights=int1", "int1"),
     ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
     ("train_placement", *TRAIN, "--config.rollout.placement=remote", "rollout.placement"),
     # train.py: files
@@ -108,8 +108,8 @@ CASES = [
      "--workdir={d}/ttq", "--target must be in (0, 1]"),
     ("prefix_shift_noise", "launch/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
      "--noise"),
-    ("sensitivity_weights", "launch/sensitivity.py", "--config=configs/pair1.py", "--weights=int3",
-     "--out={d}/sens", "int3"),
+    ("sensitivity_weights", "launch/sensitivity.py", "--config=configs/pair1.py", "--weights=int1",
+     "--out={d}/sens", "int1"),
     ("build_pairs_unknown", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/pairs", "pair9"),
 ]
 

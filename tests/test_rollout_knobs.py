@@ -220,7 +220,7 @@ def test_staleness_changes_sampler_exactly_when_params_differ(tiny_checkpoints):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(weights="int2"), "weight precision 'int2'"),
+    (dict(weights="int1"), "weight precision 'int1'"),
     (dict(kv_cache="fp16"), "kv cache dtype 'fp16'"),
     (dict(staleness_steps=-1), "staleness_steps"),
     (dict(noise_sigma=-0.1), "noise_sigma"),

@@ -82,6 +82,12 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
   if t.batch_size % sampler_rows:
     raise InputError(f"train.batch_size={t.batch_size} is not divisible by the sampler's batch ways "
                      f"{sampler_rows} (its devices / rollout.tensor_parallel); change one of them")
+  if config.data.source not in ("arithmetic", "jsonl"):
+    raise InputError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
+  if config.data.source == "jsonl":
+    for field in ("train_file", "heldout_file"):
+      if not os.path.isfile(config.data[field]):
+        raise InputError(f"data.{field}={config.data[field]!r} is not a file (data.source='jsonl' needs it)")
   teacher, student = read_hf_config(config.teacher), read_hf_config(config.student)  # errors name the file
   for role, model in (("teacher", teacher), ("student", student)):
     if config.data.max_prompt_tokens + rollout.max_new_tokens > model.max_position_embeddings:
@@ -89,12 +95,6 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
                        f"{rollout.max_new_tokens} exceeds the {role}'s max_position_embeddings "
                        f"{model.max_position_embeddings}; shorten one of them")
   vocab = pair_vocab(config, teacher, student)
-  if config.data.source not in ("arithmetic", "jsonl"):
-    raise InputError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
-  if config.data.source == "jsonl":
-    for field in ("train_file", "heldout_file"):
-      if not os.path.isfile(config.data[field]):
-        raise InputError(f"data.{field}={config.data[field]!r} is not a file (data.source='jsonl' needs it)")
   if config.train.export_dtype not in ("", "float32", "bfloat16"):
     raise InputError(f"train.export_dtype must be 'float32', 'bfloat16' or '' (no export), got "
                      f"{config.train.export_dtype!r}")
