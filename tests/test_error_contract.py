@@ -1,8 +1,8 @@
 """The error contract of every launch script, table-driven: each bad input exits 2 with exactly one `error:` line
 naming the culprit, no traceback, and leaves nothing behind in its folder.
 
-The selected cases run concurrently once (a module fixture); each case is then its own test. Most fail while the flags are
-parsed (a fraction of a second); the rest load a tiny checkpoint.
+The selected cases run concurrently once (a module fixture); each case is then its own test. Most fail while the
+flags are parsed (a fraction of a second); the rest load a tiny checkpoint.
 """
 
 from __future__ import annotations
