@@ -6,6 +6,9 @@ collapse run once more with the ESS guard (objective.min_ess=0.1: an update whos
 tenth of the batch's tokens or less is skipped).
 
   python launch/sweep.py --config=configs/sweeps/corrections.py --workdir=runs/sweep_corrections
+  python launch/sweep.py --config=configs/sweeps/corrections.py:objective=grpo,lr=0.0001,only=baseline+\
+noise_0.15_none+noise_0.15_tis+noise_0.15_mis+noise_0.15_seq_tis+noise_0.15_geo_tis+noise_0.15_geo_reject \
+      --workdir=runs/sweep_corrections_grpo        # the same for GRPO at its learning rate (results/corrections_grpo.jsonl)
 """
 
 import os

@@ -14,7 +14,7 @@ from opd_jax.analysis.files import read_budget, read_json, read_results
 from opd_jax.analysis.sweep import fill_deltas
 
 SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
-          "corrections")  # results/<name>.jsonl
+          "corrections", "corrections_grpo")  # results/<name>.jsonl
 
 
 def _md(header: list[str], body: list[list[str]]) -> str:
@@ -79,14 +79,16 @@ def validation_table(validation: dict) -> str:
               "per seed", "real run", "agree"], body)
 
 
-def guard_table(rows: list[dict]) -> str:
-  """Runs with the importance ESS guard (objective.min_ess): what the weights kept and how many updates ran."""
+def importance_table(rows: list[dict]) -> str:
+  """Runs that logged their importance weights: mean weight, ESS share, and the share of updates the ESS guard
+  (objective.min_ess) skipped ("-" without the guard)."""
   body = []
   for r in rows:
-    if r.get("status") == "ok" and "low_ess_skip_fraction" in r:
+    if r.get("status") == "ok" and "importance" in r:
       w = r["importance"]
+      skipped = r.get("low_ess_skip_fraction")
       body.append([r["pair"], r["point"], f"{100 * w['opd/is_weight']:.1f}%", f"{100 * w['opd/is_ess']:.1f}%",
-                   f"{100 * r['low_ess_skip_fraction']:.0f}%", f"{100 * r['initial_accuracy']:.1f}%",
+                   "-" if skipped is None else f"{100 * skipped:.0f}%", f"{100 * r['initial_accuracy']:.1f}%",
                    f"{100 * r['final_accuracy']:.1f}%"])
   return _md(["pair", "point", "mean weight", "ESS", "updates skipped", "start acc", "final acc"], body)
 
@@ -110,8 +112,8 @@ def all_tables(results_dir: str) -> dict[str, str]:
     if os.path.exists(path):
       rows = fill_deltas(read_results(path))
       tables[f"sweep {name}"] = sweep_table(rows)
-      if any("low_ess_skip_fraction" in r for r in rows):
-        tables[f"ESS guard {name}"] = guard_table(rows)
+      if any("importance" in r for r in rows):
+        tables[f"importance {name}"] = importance_table(rows)
   budget_path = os.path.join(results_dir, "budget.json")
   if os.path.exists(budget_path):
     budget = read_budget(budget_path)
