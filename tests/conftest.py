@@ -18,15 +18,9 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # A session-wide persistent compilation cache: the loop tests compile many identical programs (evaluation
-# samplers, teacher scoring) in separate train() calls; ~18% off test_train. The pytest process that starts the
-# session makes it and removes it at exit; xdist workers (started after this file ran there) inherit its path,
-# so a program compiled by one worker is loaded by the other.
-_CACHE_ENV = "OPD_JAX_TEST_XLA_CACHE"
-if os.environ.get(_CACHE_ENV) and os.path.isdir(os.environ[_CACHE_ENV]):
-  _XLA_CACHE = os.environ[_CACHE_ENV]
-else:
-  _XLA_CACHE = os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="opd_jax_test_xla_")
-  atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+# samplers, teacher scoring) in separate train() calls; ~18% off test_train. Removed when the session ends.
+_XLA_CACHE = tempfile.mkdtemp(prefix="opd_jax_test_xla_")
+atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 

@@ -17,8 +17,6 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.xdist_group("test_error_contract")  # one worker: its module fixtures run once
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (id, script, arguments, fragment the error line must contain). In arguments, {d} is the case's own folder

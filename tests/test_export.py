@@ -19,8 +19,6 @@ from opd_jax.train import export
 from opd_jax.train.loop import train
 from tests import checkpoints
 
-pytestmark = pytest.mark.xdist_group("test_export")  # one worker: its module fixtures run once
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_STEPS = 2
 

@@ -11,8 +11,6 @@ import pytest
 
 from opd_jax.analysis import memory_plan as mp
 
-pytestmark = pytest.mark.xdist_group("test_memory_plan")  # one worker: its module fixtures run once
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model_type": "qwen3", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,

@@ -11,8 +11,6 @@ from opd_jax.screening.prefix_shift import analyze
 from opd_jax.screening.sensitivity import fit_recipe, scan
 from opd_jax.rollout.config import RolloutConfig
 
-pytestmark = pytest.mark.xdist_group("test_mismatch_analysis")  # one worker: its module fixtures run once
-
 
 @pytest.fixture(scope="module")
 def cal(tiny_pair):

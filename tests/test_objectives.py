@@ -9,8 +9,6 @@ from opd_jax.objectives import losses
 from opd_jax.objectives.logprobs import token_logprobs
 from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss, generalized_jsd
 
-pytestmark = pytest.mark.xdist_group("test_objectives")  # one worker: its module fixtures run once
-
 B, R, V = 3, 5, 7
 
 

@@ -15,8 +15,6 @@ from opd_jax.models.tokenizer import encode_prompt
 from opd_jax.train.data import PromptPipeline
 from opd_jax.train.loop import check_config
 
-pytestmark = pytest.mark.xdist_group("test_scale_pair")  # one worker: its module fixtures run once
-
 VOCAB = 4096
 
 
