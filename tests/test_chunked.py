@@ -15,7 +15,7 @@ from opd_jax.models import load_pretrained
 from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives import chunked
 from opd_jax.objectives.logprobs import response_logits, score, token_logprobs
-from opd_jax.objectives.losses import OBJECTIVES, ObjectiveConfig
+from opd_jax.objectives.losses import OBJECTIVES, WEIGHTED_OBJECTIVES, ObjectiveConfig
 from opd_jax.train.evaluation import make_reverse_kl_fn
 from tests.test_train import _batch, _step, _teacher
 
@@ -47,7 +47,7 @@ def test_chunked_micro_batched_step_equals_whole(tiny_pair, name):
   graphdef, params, batch = _batch(tiny_pair)
   if name == "grpo":
     batch.reward_B = jnp.asarray([1, 0, 0, 1, 1, 1, 0, 1], jnp.float32)
-  sampled = name in ("reverse_kl_pg", "grpo")
+  sampled = name in WEIGHTED_OBJECTIVES
   if sampled:
     _shift_sampler_logp(batch, nats=1.0)
   objective = ObjectiveConfig(name=name, group_size=4, top_k=5, importance="seq_tis" if sampled else "none",

@@ -10,15 +10,16 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+
+
 def _run(*args, timeout=300):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def _run_together(*commands, timeout=300):
   """Several launch-script runs at once (each mostly waits on single-threaded compiles); CompletedProcesses."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  processes = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+  processes = [subprocess.Popen([sys.executable, *args], cwd=REPO, env=_ENV, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for args in commands]
   results = []
   for args, process in zip(commands, processes):

@@ -60,6 +60,7 @@ from opd_jax.errors import InputError
 
 IMPORTANCE = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
 SEQUENCE_IMPORTANCE = ("seq_tis", "geo_tis", "geo_reject")
+WEIGHTED_OBJECTIVES = ("reverse_kl_pg", "grpo")  # the sampled-token objectives that take importance weights
 STUDENT_LOGP = ("learner", "sampler")
 
 
@@ -92,7 +93,7 @@ class ObjectiveConfig:
                        f"{self.geo_hi}")
     if not 0 <= self.min_ess < 1:
       raise InputError(f"objective.min_ess must be in [0, 1) (a share of the batch's tokens), got {self.min_ess}")
-    if self.min_ess and (self.importance == "none" or self.name not in ("reverse_kl_pg", "grpo")):
+    if self.min_ess and (self.importance == "none" or self.name not in WEIGHTED_OBJECTIVES):
       raise InputError(f"objective.min_ess={self.min_ess} guards importance weights, but objective {self.name!r} "
                        f"with importance={self.importance!r} has none; set an importance kind on reverse_kl_pg / "
                        "grpo, or min_ess=0")
