@@ -1,6 +1,7 @@
 """Embedded task generator, grader, JSONL problem sets and the character tokenizer."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -77,10 +78,47 @@ def test_jsonl_problem_sets(tmp_path):
   bad.write_text('{"prompt": "x", "answer": "1"}\n{"question": "y"}\n')
   with pytest.raises(ValueError, match="bad.jsonl:2: each line needs"):
     load_jsonl(str(bad))
+  for row, fragment in (({"answer": "1"}, "needs a non-empty string 'prompt'"), ({"prompt": ""}, "non-empty"),
+                        ({"prompt": "x", "answer": [1]}, "'answer' must be a string or a number"),
+                        ({"prompt": "x", "answer": "1", "grader": "regex"}, "'grader' must be one of")):
+    bad.write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=f"bad.jsonl:1: .*{fragment}"):
+      load_jsonl(str(bad))
   with pytest.raises(ValueError, match="does not exist"):
     load_jsonl(str(tmp_path / "missing.jsonl"))
   with pytest.raises(ValueError, match="data.train_file"):
     get_problems("jsonl", "train", 1, 0)
+
+
+def test_prompts_without_answers_and_the_contains_grader(tmp_path):
+  """OPD needs no answers: answerless rows load, and only rows with an answer are graded."""
+  path = tmp_path / "chat.jsonl"
+  rows = [{"prompt": "Write a haiku."}, {"prompt": "Capital of Colombia?", "answer": "Bogotá", "grader": "contains"}]
+  path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+  open_prompt, capital = load_jsonl(str(path))
+  assert open_prompt.answer is None and capital.grader == "contains"
+  assert is_correct("The capital of Colombia is Bogota.\nNot Medellín.", capital.answer, capital.grader)
+  assert not is_correct("It is Medellín.\nBogotá", capital.answer, capital.grader)  # first line only
+  assert not is_correct("Bogotáx", capital.answer, capital.grader)  # whole words
+
+
+def test_chat_prompt_set_is_generated_and_split_by_subject():
+  """The shipped chat prompt files are what the generator makes, >= 2,000 prompts, and no held-out subject is
+  asked about in training."""
+  from opd_jax.data import chat_prompts
+  built = chat_prompts.build()
+  for split, rows in built.items():
+    shipped = load_jsonl(os.path.join(chat_prompts.ASSET_DIR, f"{split}.jsonl"))
+    assert [p.prompt for p in shipped] == [r["prompt"] for r in rows]
+    assert [p.answer for p in shipped] == [r.get("answer") for r in rows]
+  assert len(built["train"]) + len(built["heldout"]) >= 2000
+  train = {r["prompt"] for r in built["train"]}
+  assert not train & {r["prompt"] for r in built["heldout"]}
+  capitals = [r for r in built["heldout"] if "answer" in r]
+  assert len(capitals) >= 40 and all(r["grader"] == "contains" for r in capitals)
+  country = lambda prompt: prompt.rsplit(" of ", 1)[1].rstrip("?")
+  assert not {country(r["prompt"]) for r in capitals} & {country(t) for t in train if "the capital of" in t}
+  assert ["answer" in r for r in built["heldout"][:6]] == [True, False] * 3  # any prefix mixes both kinds
 
 
 def test_char_tokenizer_round_trips(tmp_path):

@@ -1,14 +1,21 @@
-"""Final-answer extraction and checking, for the embedded task and for real math data.
+"""Answer checking: final-answer extraction for the embedded task and real math data, and short-answer match.
 
-Accepted answer forms, last one in the text wins: GSM8K `#### 42`, LaTeX `\\boxed{42}`. Numbers are
-compared numerically after removing thousands separators, `$`, `%` and trailing periods, so `1,234`,
-`1234.0` and `$1234` all equal `1234`. A response without an answer line scores 0.
+Graders (a problem's `grader` field, GRADERS):
+  final_answer  the last GSM8K `#### 42` or LaTeX `\\boxed{42}` answer in the text is the prediction. Numbers are
+                compared numerically after removing thousands separators, `$`, `%` and trailing periods, so
+                `1,234`, `1234.0` and `$1234` all equal `1234`. A response without an answer line scores 0.
+  contains      the gold answer appears as whole words in the response's first non-empty line, ignoring case,
+                accents and punctuation (`The capital of Colombia is Bogota.` answers `Bogotá`): for short
+                factual answers a chat model states in a sentence.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import unicodedata
+
+GRADERS = ("final_answer", "contains")
 
 _HASH_ANSWER = re.compile(r"####\s*([^\n]*)")
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -53,6 +60,15 @@ def gold_answer(answer_field: str) -> str:
   return normalize(extracted if extracted is not None else answer_field)
 
 
-def is_correct(response: str, gold: str) -> bool:
+def _words(text: str) -> str:
+  """Lower-case words without accents or punctuation, space-separated and space-padded."""
+  plain = "".join(c for c in unicodedata.normalize("NFKD", text.casefold()) if not unicodedata.combining(c))
+  return " " + " ".join(re.findall(r"\w+", plain)) + " "
+
+
+def is_correct(response: str, gold: str, grader: str = "final_answer") -> bool:
+  if grader == "contains":
+    first_line = next((line for line in response.splitlines() if line.strip()), "")
+    return _words(gold).strip() != "" and _words(gold) in _words(first_line)
   predicted = extract_answer(response)
   return predicted is not None and normalize(predicted) == gold_answer(gold)

@@ -1,16 +1,19 @@
-"""Problem sets: the embedded task generator or a local JSONL file of {"prompt": ..., "answer": ...}."""
+"""Problem sets: the embedded task generator or a local JSONL file of {"prompt": ..., ["answer": ...]}."""
 
 from __future__ import annotations
 
 import json
 import os
 
+from opd_jax.data.grader import GRADERS
 from opd_jax.data.task import ArithmeticTask, Problem
 from opd_jax.errors import InputError
 
 
 def load_jsonl(path: str) -> list[Problem]:
-  """Reads a JSONL problem set; each line needs string-valued "prompt" and "answer" fields."""
+  """Reads a JSONL problem set. Each line is an object with a string "prompt"; "answer" (a string or number) is
+  optional, since OPD needs none: only rows with one are graded, by their "grader" (default "final_answer",
+  see opd_jax.data.grader). An optional "solution" is the reference response for supervised warm-up."""
   if not os.path.isfile(path):
     raise InputError(f"problem file {path!r} does not exist (expected JSONL with prompt/answer fields)")
   problems = []
@@ -26,10 +29,17 @@ def load_jsonl(path: str) -> list[Problem]:
       row = json.loads(line)
     except json.JSONDecodeError as e:
       raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-      raise InputError(f"{path}:{line_no}: each line needs a string 'prompt' and an 'answer'")
-    problems.append(Problem(prompt=row["prompt"], answer=str(row["answer"]),
-                            solution=str(row.get("solution", ""))))
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+      raise InputError(f"{path}:{line_no}: each line needs a non-empty string 'prompt' (and optionally an "
+                       "'answer' to grade)")
+    answer = row.get("answer")
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
+      raise InputError(f"{path}:{line_no}: 'answer' must be a string or a number, got {type(answer).__name__}")
+    grader = row.get("grader", "final_answer")
+    if grader not in GRADERS:
+      raise InputError(f"{path}:{line_no}: 'grader' must be one of {', '.join(GRADERS)}, got {grader!r}")
+    problems.append(Problem(prompt=row["prompt"], answer=None if answer is None else str(answer),
+                            solution=str(row.get("solution", "")), grader=grader))
   if not problems:
     raise InputError(f"problem file {path!r} has no problems")
   return problems

@@ -24,8 +24,9 @@ from opd_jax.errors import InputError
 @dataclasses.dataclass(frozen=True)
 class Problem:
   prompt: str  # text the model is conditioned on (ends with a newline)
-  answer: str  # the final answer, as the grader compares it
+  answer: str | None  # the final answer, as the grader compares it; None = an open prompt (OPD needs none)
   solution: str = ""  # the worked reference solution (what a supervised model is trained to write)
+  grader: str = "final_answer"  # how `answer` is checked: see opd_jax.data.grader.GRADERS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,7 +80,7 @@ def _rollout_stats(cal: Calibration, out, is_cap: float, temperature: float) -> 
   w = jnp.minimum(ratio, is_cap) * mask
   texts = decode_responses(cal.tokenizer, *jax.device_get((out.tokens_BxN, mask)))
   return {
-      "accuracy": float(np.mean([is_correct(t, p.answer) for t, p in zip(texts, cal.problems)])),
+      "accuracy": _accuracy(texts, cal.problems),
       "response_tokens": float(jnp.mean(jnp.sum(mask, 1))),
       "prefix_kl": _masked_mean(prefix_kl_BxR, mask),
       "k1_naive": _masked_mean(log_advantage, mask),
@@ -89,6 +89,12 @@ def _rollout_stats(cal: Calibration, out, is_cap: float, temperature: float) -> 
       "teacher_logp_by_position": [_masked_mean(teacher_logp[:, s], mask[:, s]) for s in _position_buckets(mask)],
       "corrections": _corrections(learner_logp, out.logprobs_BxN, mask, log_advantage, prefix_kl_BxR, is_cap),
   }
+
+
+def _accuracy(texts: list[str], problems) -> float | None:
+  """Share of the graded problems answered correctly; None when no problem has an answer."""
+  graded = [is_correct(t, p.answer, p.grader) for t, p in zip(texts, problems) if p.answer is not None]
+  return float(np.mean(graded)) if graded else None
 
 
 def _position_buckets(mask) -> list[slice]:
