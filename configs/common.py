@@ -63,7 +63,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "arithmetic"  # "arithmetic" (embedded generator) | "jsonl" (local files below)
-  c.data.train_file = ""  # JSONL {"prompt", "answer"} for data.source="jsonl"
+  c.data.train_file = ""  # JSONL {"prompt"[, "answer", "grader"]} for data.source="jsonl" (answers optional)
   c.data.heldout_file = ""  # JSONL held-out set for evaluation when data.source="jsonl"
   c.data.train_size = 50_000  # embedded task: training prompts generated (the grain pipeline repeats them)
   c.data.min_terms = 3  # embedded task difficulty (see opd_jax/data/task.py)
@@ -129,6 +129,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.eval_size = 256  # held-out prompts per evaluation
   c.train.eval_batch_size = 128
   c.train.eval_sampled = True  # also report accuracy of temperature-1 samples (greedy is always reported)
+  # Also score the teacher's greedy held-out responses (made once, graded as eval/teacher_accuracy) with the
+  # student: eval/teacher_forced_kl = KL(teacher || student) at the teacher's own prefixes.
+  c.train.eval_teacher_forced = False
+  c.train.eval_samples = 4  # held-out prompts whose greedy responses each evaluation writes to samples.jsonl
   c.train.checkpoint_every = 100  # steps between orbax checkpoints (and one at the end)
   c.train.keep_checkpoints = 2
   c.train.resume = True  # continue from the newest checkpoint in workdir when one exists
@@ -183,6 +187,20 @@ def pair_config(pair: str, arg: str | None) -> ml_collections.ConfigDict:
   if args.recipe:
     config.rollout.weight_rules = load_recipe_rules(args.recipe)
   return config
+
+
+def config_for(pair: str) -> ml_collections.ConfigDict:
+  """The config a sweep point of `pair` starts from: an embedded pair's, or configs/<pair>.py for a real pair."""
+  if pair in ("pair1", "pair2", "pair3"):
+    return pair_config(pair, None)
+  import importlib.util
+  path = os.path.join(REPO, "configs", f"{pair}.py")
+  if not os.path.isfile(path):
+    raise ValueError(f"pair {pair!r} has no config file {path}")
+  spec = importlib.util.spec_from_file_location(f"configs.{pair}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def load_recipe_rules(path: str) -> tuple:

@@ -16,7 +16,7 @@ from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives import chunked
 from opd_jax.objectives.logprobs import response_logits, score, token_logprobs
 from opd_jax.objectives.losses import OBJECTIVES, WEIGHTED_OBJECTIVES, ObjectiveConfig
-from opd_jax.train.evaluation import make_reverse_kl_fn
+from opd_jax.train.evaluation import make_kl_fn
 from tests.test_train import _batch, _step, _teacher
 
 
@@ -137,15 +137,18 @@ def test_chunked_scoring_equals_whole_logits(tiny_pair):
 def test_chunked_evaluation_kl_equals_whole(tiny_pair):
   graphdef, params, batch = _batch(tiny_pair)
   t_graphdef, t_state = _teacher(tiny_pair)
-  args = (params, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
-  whole = make_reverse_kl_fn(graphdef, t_graphdef, t_state, 0)(*args)
-  chunk = make_reverse_kl_fn(graphdef, t_graphdef, t_state, 32)(*args)
+  args = (params, t_state, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
+  whole = make_kl_fn(graphdef, t_graphdef, 0)(*args)
+  chunk = make_kl_fn(graphdef, t_graphdef, 32)(*args)
   np.testing.assert_allclose(np.asarray(chunk), np.asarray(whole), rtol=1e-6)
-  # And both equal the KL computed from whole logits by hand.
-  s = jax.nn.log_softmax(response_logits(nnx.merge(graphdef, params), *args[1:]), -1)
-  t = jax.nn.log_softmax(response_logits(nnx.merge(t_graphdef, t_state), *args[1:]), -1)
+  # And both equal the KL computed from whole logits by hand, in either direction.
+  s = jax.nn.log_softmax(response_logits(nnx.merge(graphdef, params), *args[2:]), -1)
+  t = jax.nn.log_softmax(response_logits(nnx.merge(t_graphdef, t_state), *args[2:]), -1)
   by_hand = jnp.sum(jnp.sum(jnp.exp(s) * (s - t), -1) * batch.mask_BxR)
   np.testing.assert_allclose(float(whole[0]), float(by_hand), rtol=1e-5)
+  forward = make_kl_fn(graphdef, t_graphdef, 32, "forward")(*args)
+  by_hand = jnp.sum(jnp.sum(jnp.exp(t) * (t - s), -1) * batch.mask_BxR)
+  np.testing.assert_allclose(float(forward[0]), float(by_hand), rtol=1e-5)
 
 
 def test_chunked_backward_holds_no_whole_logits():

@@ -62,7 +62,7 @@ from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.placement import split_devices
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.rollout.weight_sync import WeightSync
-from opd_jax.train.evaluation import make_reverse_kl_fn
+from opd_jax.train.evaluation import make_kl_fn
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.step import RolloutBatch, TrainState, train_step
 
@@ -266,10 +266,7 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
                  in_shardings=(state_sharding, rows, teacher_sharding), out_shardings=(state_sharding, replicated),
                  donate_argnums=(0,))
 
-  @jax.jit
-  def reverse_kl(student_params, teacher_params, *tokens):
-    return make_reverse_kl_fn(s_graphdef, t_graphdef, teacher_params, plan.logits_chunk)(student_params, *tokens)
-
+  reverse_kl = make_kl_fn(s_graphdef, t_graphdef, plan.logits_chunk, "reverse")  # the loop's evaluation program
   programs = {
       "sampler": Program(sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
       "teacher_score": Program(teacher, (t_params, *tokens), ("teacher_params",)),

@@ -8,6 +8,9 @@ import os
 from opd_jax.models.config import CheckpointError
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# Every file a tokenizer may consist of (what an export or a pruned copy carries over).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
 
 def has_tokenizer(path: str) -> bool:

@@ -1,10 +1,18 @@
-"""Held-out evaluation: sample responses, grade final answers, and measure reverse KL to the teacher.
+"""Held-out evaluation: sample responses, grade answers, and measure KL to the teacher.
 
 Legend: B batch, P prompt length, R response length, V vocab.
+
+Quantities (token means over the responses' real tokens, exact over the vocabulary, temperature 1):
+  reverse_kl          KL(student || teacher) at the student's own sampled prefixes: what OPD minimizes.
+  teacher_forced_kl   KL(teacher || student) at the teacher's own greedy responses: how well the student
+                      predicts the teacher where the teacher leads (the quantity supervised distillation fits).
+  accuracy            share of the problems that carry an answer graded correct (none: not reported).
+Teacher and student weights are arguments of every jitted function here, never captured constants.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -15,49 +23,72 @@ from flax import nnx
 from opd_jax.data.batching import decode_responses, encode_prompts
 from opd_jax.data.grader import is_correct
 from opd_jax.data.task import Problem
+from opd_jax.errors import InputError
 from opd_jax.objectives.chunked import exact_reverse_kl
 from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.rollout.sampler import Sampler
 from opd_jax.train import distributed
 
+KL_DIRECTIONS = ("reverse", "forward")
 
-def make_reverse_kl_fn(student_graphdef, teacher_graphdef, teacher_state, logits_chunk: int = 0):
-  """Jitted (student_state, prompt, valid, response, mask) -> (sum over tokens of KL(S || T), token count).
 
-  Exact over the vocabulary at each of the student's own sampled prefixes (temperature 1), computed from both
-  models' final hidden states chunk by chunk (`logits_chunk` tokens at a time; 0 = all at once).
+def make_kl_fn(student_graphdef, teacher_graphdef, logits_chunk: int = 0, direction: str = "reverse"):
+  """Jitted (student_state, teacher_state, prompt, valid, response, mask) -> (sum over tokens of the KL, token
+  count); direction "reverse" is KL(student || teacher), "forward" KL(teacher || student).
+
+  Exact over the vocabulary at each response prefix, computed from both models' final hidden states chunk by
+  chunk (`logits_chunk` tokens at a time; 0 = all at once).
   """
+  if direction not in KL_DIRECTIONS:
+    raise ValueError(f"direction must be one of {KL_DIRECTIONS}, got {direction!r}")
 
   @jax.jit
-  def reverse_kl(student_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
+  def kl(student_state, teacher_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
     student = nnx.merge(student_graphdef, student_state)
     teacher = nnx.merge(teacher_graphdef, teacher_state)
     hidden = lambda model: response_hidden(model, prompt_BxP, valid_BxP, response_BxR, mask_BxR)
-    kl_BxR = exact_reverse_kl(student, teacher, hidden(student), hidden(teacher), logits_chunk)
+    first, second = (student, teacher) if direction == "reverse" else (teacher, student)
+    kl_BxR = exact_reverse_kl(first, second, hidden(first), hidden(second), logits_chunk)
     return jnp.sum(kl_BxR * mask_BxR), jnp.sum(mask_BxR)
 
-  return reverse_kl
+  return kl
+
+
+def grade(text: str, problem: Problem) -> bool | None:
+  """Whether `text` answers `problem` correctly; None for a problem without an answer."""
+  return None if problem.answer is None else is_correct(text, problem.answer, problem.grader)
 
 
 def answer_reward_fn(tokenizer, problems: list[Problem]) -> Callable:
   """(index_B, tokens_BxR, mask_BxR) -> numpy reward_B: 1.0 where the response's final answer is correct for
-  problems[index], else 0.0 (the same grader as held-out accuracy)."""
+  problems[index], else 0.0 (the same grader as held-out accuracy). Every problem needs an answer."""
+  missing = sum(p.answer is None for p in problems)
+  if missing:
+    raise InputError(f"a reward needs an answer for every training problem; {missing} of {len(problems)} have "
+                     "none (use an OPD objective, or give every JSONL row an 'answer')")
 
   def reward(index_B, tokens_BxR, mask_BxR) -> np.ndarray:
     texts = decode_responses(tokenizer, tokens_BxR, mask_BxR)
-    return np.asarray([float(is_correct(text, problems[int(i)].answer)) for text, i in zip(texts, index_B)],
-                      np.float32)
+    return np.asarray([float(grade(text, problems[int(i)])) for text, i in zip(texts, index_B)], np.float32)
 
   return reward
 
 
-def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
-             batch_size: int, key: jax.Array, use_chat_template: bool = False,
-             put: Callable = lambda x: x, reverse_kl_fn=None) -> dict[str, float]:
-  """Accuracy (grader), mean response tokens and, given reverse_kl_fn, the token-mean KL(student || teacher).
+@dataclasses.dataclass
+class Responses:
+  """Responses to held-out problems, batch by batch, kept for scoring again (e.g. the teacher's greedy ones)."""
+  batches: list  # (prompt_BxP, valid_BxP, tokens_BxR, mask_BxR) per batch, padding rows masked out
+  texts: list[str]
 
-  Problems are processed in batches of `batch_size` (the last one padded by repeating, then dropped);
-  `put` places each input batch (e.g. onto a sharded mesh).
+
+def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
+             batch_size: int, key: jax.Array, use_chat_template: bool = False, put: Callable = lambda x: x,
+             kl_fn=None, teacher_state=None, keep: Responses | None = None) -> dict[str, float]:
+  """Accuracy (over the problems with an answer), mean response tokens and, given kl_fn (a `make_kl_fn`
+  function, called with `teacher_state`), its token mean as "kl".
+
+  Problems are processed in batches of `batch_size` (the last one padded by repeating, then dropped); `put`
+  places each input batch (e.g. onto a sharded mesh). `keep` collects the responses and texts.
   """
   correct, lengths, kl_sum, kl_count = [], [], 0.0, 0.0
   for start in range(0, len(problems), batch_size):
@@ -67,16 +98,31 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
     prompts, valid = put(prompts), put(valid)
     key, sub = jax.random.split(key)
     out = sampler(state, prompts, valid, sub)
-    if reverse_kl_fn is not None:
-      weight = np.zeros((batch_size, 1), np.float32)
-      weight[:len(chunk)] = 1.0
-      total, count = reverse_kl_fn(state, prompts, valid, out.tokens_BxN, out.mask_BxN * put(weight))
+    weight = np.zeros((batch_size, 1), np.float32)
+    weight[:len(chunk)] = 1.0
+    mask = out.mask_BxN * put(weight)
+    if kl_fn is not None:
+      total, count = kl_fn(state, teacher_state, prompts, valid, out.tokens_BxN, mask)
       kl_sum, kl_count = kl_sum + float(total), kl_count + float(count)
-    tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
-    texts = decode_responses(tokenizer, tokens, mask)[:len(chunk)]
-    correct += [is_correct(t, p.answer) for t, p in zip(texts, chunk)]
-    lengths += list(np.asarray(mask).sum(1)[:len(chunk)])
-  result = {"accuracy": float(np.mean(correct)), "response_tokens": float(np.mean(lengths))}
-  if reverse_kl_fn is not None:
-    result["reverse_kl"] = kl_sum / max(kl_count, 1.0)
+    tokens, host_mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
+    texts = decode_responses(tokenizer, tokens, host_mask)[:len(chunk)]
+    correct += [ok for ok in (grade(t, p) for t, p in zip(texts, chunk)) if ok is not None]
+    lengths += list(np.asarray(host_mask).sum(1)[:len(chunk)])
+    if keep is not None:
+      keep.batches.append((prompts, valid, out.tokens_BxN, mask))
+      keep.texts += texts
+  result = {"response_tokens": float(np.mean(lengths))}
+  if correct:
+    result["accuracy"] = float(np.mean(correct))
+  if kl_fn is not None:
+    result["kl"] = kl_sum / max(kl_count, 1.0)
   return result
+
+
+def kl_on(responses: Responses, kl_fn, student_state, teacher_state) -> float:
+  """Token mean of `kl_fn` over kept responses (e.g. KL(teacher || student) on the teacher's greedy ones)."""
+  total = count = 0.0
+  for prompts, valid, tokens, mask in responses.batches:
+    batch_total, batch_count = kl_fn(student_state, teacher_state, prompts, valid, tokens, mask)
+    total, count = total + float(batch_total), count + float(batch_count)
+  return total / max(count, 1.0)

@@ -34,10 +34,8 @@ from opd_jax.models import sharding as shard_lib
 from opd_jax.models.config import read_hf_config
 from opd_jax.models.decoder import Decoder
 from opd_jax.models.hf_io import SUPPORTED_DTYPES, canonical_dtype, hf_name
-from opd_jax.models.tokenizer import has_tokenizer
+from opd_jax.models.tokenizer import TOKENIZER_FILES, has_tokenizer
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 _INDEX_FILE = "model.safetensors.index.json"
 _SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
 

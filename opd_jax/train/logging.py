@@ -15,8 +15,29 @@ def _plain(value):
   return value if math.isfinite(value) else str(value)
 
 
+def _truncate_after(path: str, resume_step: int | None) -> None:
+  """On resume, drop the JSONL rows logged after the checkpoint (they will be logged again); atomic rewrite."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    rows = [line for line in f if line.strip()]
+  keep = []
+  for line in rows:
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # a line cut by a crash
+    if resume_step is not None and row.get("step", 0) <= resume_step:
+      keep.append(json.dumps(row, ensure_ascii=False) + "\n")
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(keep)
+  os.replace(tmp, path)
+
+
 class MetricsWriter:
-  """Appends rows to workdir/metrics.jsonl (each line written and flushed whole) and to TensorBoard."""
+  """Appends rows to workdir/metrics.jsonl (each line written and flushed whole) and to TensorBoard, and
+  evaluation responses to workdir/samples.jsonl."""
 
   def __init__(self, workdir: str, *, resume_step: int | None, total_steps: int, progress_bar: bool,
                enabled: bool = True):
@@ -25,32 +46,16 @@ class MetricsWriter:
     if not enabled:
       return
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self._truncate_after(resume_step)
+    self.samples_path = os.path.join(workdir, "samples.jsonl")
+    for path in (self.path, self.samples_path):
+      _truncate_after(path, resume_step)
     self._file = open(self.path, "a")
+    self._samples = None
     from tensorboardX import SummaryWriter
     self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
     self._bar = tqdm(total=total_steps, initial=resume_step or 0, dynamic_ncols=True, file=sys.stderr,
                      disable=not progress_bar, desc="opd")
     self._postfix = {}
-
-  def _truncate_after(self, resume_step: int | None) -> None:
-    """On resume, drop rows logged after the checkpoint (they will be logged again); atomic rewrite."""
-    if not os.path.exists(self.path):
-      return
-    with open(self.path) as f:
-      rows = [line for line in f if line.strip()]
-    keep = []
-    for line in rows:
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError:
-        continue  # a line cut by a crash
-      if resume_step is not None and row.get("step", 0) <= resume_step:
-        keep.append(json.dumps(row) + "\n")
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      f.writelines(keep)
-    os.replace(tmp, self.path)
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.enabled:
@@ -68,6 +73,15 @@ class MetricsWriter:
         self._postfix[short] = f"{row[key]:.3g}"
     self._bar.set_postfix(self._postfix, refresh=False)
 
+  def write_samples(self, step: int, rows: list[dict]) -> None:
+    """Rows (e.g. {"model", "prompt", "response"}) to samples.jsonl, each with "step"."""
+    if not self.enabled or not rows:
+      return
+    if self._samples is None:
+      self._samples = open(self.samples_path, "a", encoding="utf-8")
+    self._samples.writelines(json.dumps({"step": int(step), **row}, ensure_ascii=False) + "\n" for row in rows)
+    self._samples.flush()
+
   def warn(self, message: str) -> None:
     """One `warning:` line on stderr, printed above the progress bar."""
     if self.enabled:
@@ -82,4 +96,6 @@ class MetricsWriter:
       return
     self._bar.close()
     self._file.close()
+    if self._samples is not None:
+      self._samples.close()
     self._tb.close()

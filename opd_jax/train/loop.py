@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -12,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from opd_jax.data.problems import get_problems
-from opd_jax.data.task import ArithmeticTask
+from opd_jax.data.task import ArithmeticTask, Problem
 from opd_jax.errors import InputError, TrainingStopped
 from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models import sharding as shard_lib
@@ -52,7 +53,7 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
                 "checkpoint_every", "keep_checkpoints"):
     if not isinstance(t[field], int) or t[field] < 1:
       raise InputError(f"train.{field} must be a positive integer, got {t[field]!r}")
-  for field in ("logits_chunk", "micro_batch_size", "max_staleness", "stop_after_steps"):
+  for field in ("logits_chunk", "micro_batch_size", "max_staleness", "stop_after_steps", "eval_samples"):
     if not isinstance(t[field], int) or t[field] < 0:
       raise InputError(f"train.{field} must be an integer >= 0 (0 = off), got {t[field]!r}")
   if not isinstance(t.max_skipped_steps, int) or t.max_skipped_steps < 1:
@@ -202,6 +203,9 @@ def train(config, workdir: str) -> dict:
   d = config.data
   train_problems = get_problems(d.source, "train", d.train_size, d.seed, _task(config), d.train_file, d.heldout_file)
   heldout = get_problems(d.source, "heldout", t.eval_size, d.seed, _task(config), d.train_file, d.heldout_file)
+  if t.target_accuracy and all(p.answer is None for p in heldout):
+    raise InputError(f"train.target_accuracy={t.target_accuracy} needs held-out problems with answers, but none of "
+                     f"the {len(heldout)} in data.heldout_file={d.heldout_file!r} has one; set it to 0")
   group = response_group(rollout, objective)  # responses per distinct prompt in a batch
   prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size // group,
                            max_prompt_tokens=d.max_prompt_tokens, seed=d.seed,
@@ -253,22 +257,39 @@ def train(config, workdir: str) -> dict:
                                        state.params)
     return snapshot
 
-  # Evaluation: the student's own greedy and sampled answers, no mismatch knobs.
-  eval_samplers = {"": Sampler(graphdef, SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=0.0,
-                                                        eos_ids=eos_ids, pad_id=pad_id))}
+  # Evaluation: the student's own greedy and sampled answers, no mismatch knobs; optionally the teacher's greedy
+  # responses (made once) scored by the student (teacher-forced KL) and graded (the teacher's accuracy).
+  greedy = SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=0.0, eos_ids=eos_ids, pad_id=pad_id)
+  eval_samplers = {"": Sampler(graphdef, greedy)}
   if t.eval_sampled:
-    eval_samplers["_sampled"] = Sampler(graphdef, SamplingConfig(max_new_tokens=rollout.max_new_tokens,
-                                                                 temperature=1.0, eos_ids=eos_ids, pad_id=pad_id))
-  reverse_kl_fn = evaluation.make_reverse_kl_fn(graphdef, teacher_graphdef, teacher_state, t.logits_chunk)
+    eval_samplers["_sampled"] = Sampler(graphdef, dataclasses.replace(greedy, temperature=1.0))
+  reverse_kl_fn = evaluation.make_kl_fn(graphdef, teacher_graphdef, t.logits_chunk, "reverse")
+  forward_kl_fn = evaluation.make_kl_fn(graphdef, teacher_graphdef, t.logits_chunk, "forward")
+  teacher_reference = []  # [Responses] of the teacher, once made
 
-  def run_eval(params) -> dict:
+  def run_eval(params, step: int) -> dict:
     row, start = {}, time.time()
+    common = dict(max_prompt_tokens=d.max_prompt_tokens, batch_size=t.eval_batch_size, use_chat_template=
+                  d.use_chat_template, put=put_batch, key=jax.random.key(config.seed + 7))
+    samples = []
+    if t.eval_teacher_forced and not teacher_reference:
+      teacher_reference.append(evaluation.Responses([], []))
+      result = evaluation.evaluate(Sampler(teacher_graphdef, greedy), teacher_state, tokenizer, heldout,
+                                   keep=teacher_reference[0], **common)
+      row.update({f"eval/teacher_{k}": v for k, v in result.items()})
+      samples += _sample_rows("teacher", heldout[:t.eval_samples], teacher_reference[0].texts)
     for suffix, eval_sampler in eval_samplers.items():
-      result = evaluation.evaluate(eval_sampler, params, tokenizer, heldout, max_prompt_tokens=d.max_prompt_tokens,
-                                   batch_size=t.eval_batch_size, key=jax.random.key(config.seed + 7),
-                                   use_chat_template=d.use_chat_template, put=put_batch,
-                                   reverse_kl_fn=reverse_kl_fn if suffix == "_sampled" else None)
-      row.update({f"eval/{k}{suffix}" if k != "reverse_kl" else "eval/reverse_kl": v for k, v in result.items()})
+      kept = evaluation.Responses([], []) if not suffix else None
+      result = evaluation.evaluate(eval_sampler, params, tokenizer, heldout, **common, keep=kept,
+                                   kl_fn=reverse_kl_fn if suffix == "_sampled" else None, teacher_state=teacher_state)
+      if "kl" in result:
+        row["eval/reverse_kl"] = result.pop("kl")
+      row.update({f"eval/{k}{suffix}": v for k, v in result.items()})
+      if kept is not None:
+        samples += _sample_rows("student", heldout[:t.eval_samples], kept.texts)
+    if teacher_reference:
+      row["eval/teacher_forced_kl"] = evaluation.kl_on(teacher_reference[0], forward_kl_fn, params, teacher_state)
+    writer.write_samples(step, samples)
     row["eval/seconds"] = time.time() - start
     return row
 
@@ -308,7 +329,7 @@ def train(config, workdir: str) -> dict:
     if distributed.is_main():
       _write_run_info(workdir, config)
     if start_step == 0:
-      writer.write(0, run_eval(state.params))
+      writer.write(0, run_eval(state.params, 0))
 
     last_data_state = prompts.get_state()  # read before a producer thread starts drawing from the pipeline
     if t.mode == "async":
@@ -359,12 +380,12 @@ def train(config, workdir: str) -> dict:
         pending, interval_start, interval_tokens, interval_steps = [], time.time(), 0.0, 0
       if new_version % t.eval_every == 0 or done:
         eval_start = time.time()
-        final = run_eval(state.params)
+        final = run_eval(state.params, new_version)
         final["time/train_s"] = eval_start - loop_start - eval_seconds
         writer.write(new_version, final)
         eval_seconds += time.time() - eval_start
         interval_start += time.time() - eval_start  # evaluation time is not training throughput
-        reached = bool(t.target_accuracy) and final["eval/accuracy"] >= t.target_accuracy
+        reached = bool(t.target_accuracy) and final.get("eval/accuracy", 0.0) >= t.target_accuracy
       stopping = reached or (t.stop_after_steps and new_version - start_step >= t.stop_after_steps)
       if new_version % t.checkpoint_every == 0 or done or stopping:
         saved_pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]  # JSON form
@@ -419,6 +440,17 @@ class _SkipGuard:
       raise TrainingStopped(f"{self.in_a_row} consecutive steps (up to step {step}) had a non-finite loss or "
                             f"gradient and were skipped; the last good checkpoint is kept in {self.checkpoint_dir}. "
                             "Lower optimizer.learning_rate or check the data")
+
+
+def _sample_rows(model: str, problems: list[Problem], texts: list[str]) -> list[dict]:
+  """samples.jsonl rows: one per problem, with its grade where it has an answer."""
+  rows = []
+  for problem, text in zip(problems, texts):
+    row = {"model": model, "prompt": problem.prompt, "response": text}
+    if problem.answer is not None:
+      row.update(answer=problem.answer, correct=evaluation.grade(text, problem))
+    rows.append(row)
+  return rows
 
 
 def _average(rows: list[dict]) -> dict:
