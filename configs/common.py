@@ -120,7 +120,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.optimizer.grad_clip_norm = 1.0  # global-norm clipping
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 200  # learner updates
+  c.train.steps = 200  # learner updates; 0 = only the step-0 evaluation (teacher and student as they are)
   c.train.batch_size = 64  # prompts per update (one response each); divisible by mesh data*fsdp
   c.train.mode = "sync"  # sync: sample -> score -> update | async: rollouts produced ahead of the learner
   c.train.max_staleness = 2  # async: a batch may come from a learner version up to this many updates old

@@ -24,7 +24,7 @@ def run() -> int:
   from opd_jax.train.loop import train
   sweep = _CONFIG.value
   out = _WORKDIR.value or os.path.join("runs", f"sweep_{sweep.name}")
-  rows = run_sweep(sweep, out, lambda pair: common.pair_config(pair, None), train)
+  rows = run_sweep(sweep, out, common.config_for, train)
   ok = [r for r in rows if r["status"] == "ok"]
   print(f"{len(ok)}/{len(rows)} points ok -> {out}/results.jsonl")
   for r in sorted(ok, key=lambda r: (r["pair"], r["mismatch"].get("mismatch/k3", 0.0))):

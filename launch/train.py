@@ -38,7 +38,7 @@ def main(argv):
     final = _cli.run_or_exit(lambda: train(config, workdir))
   except TrainingStopped as e:
     _cli.fail(e, code=1)
-  finished = config.train.export_dtype and not config.train.stop_after_steps  # the export is written at the end
+  finished = config.train.export_dtype and config.train.steps and not config.train.stop_after_steps  # at the end
   exported = f"; student exported to {workdir}/export" if finished else ""
   print(f"done: {workdir}/metrics.jsonl; final held-out accuracy {final.get('eval/accuracy', float('nan')):.3f}"
         f"{exported}")

@@ -111,6 +111,21 @@ CASES = [
     ("sensitivity_weights", "launch/sensitivity.py", "--config=configs/pair1.py", "--weights=int1",
      "--out={d}/sens", "int1"),
     ("build_pairs_unknown", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/pairs", "pair9"),
+    # real models: GGUF import, pruning, a config that prepares its pair, prompt files without prompts
+    ("prepare_model_missing_package", "launch/prepare_model.py", "--gguf=no-such-package-opd", "--out={d}/m",
+     "'no-such-package-opd' is not installed"),
+    ("prepare_model_corrupt", "launch/prepare_model.py", "--gguf={d}/garbage.gguf", "--out={d}/m",
+     "cannot be read as GGUF"),
+    ("prepare_model_architecture", "launch/prepare_model.py", "--gguf={d}/falcon.gguf", "--out={d}/m",
+     "architecture 'falcon' is not supported"),
+    ("prune_keep_range", "launch/prune.py", "--model={student}", "--keep_layers=99", "--out={d}/p", "out of range"),
+    ("prune_prompt_file", "launch/prune.py", "--model={student}", "--keep_layers=1", "--out={d}/p",
+     "--prompts_file={d}/noprompt.jsonl", "noprompt.jsonl:1: each line needs a non-empty string 'prompt'"),
+    ("train_jsonl_no_prompt", *TRAIN, *TINY, "--config.data.source=jsonl",
+     "--config.data.train_file={d}/noprompt.jsonl", "--config.data.heldout_file={d}/noprompt.jsonl",
+     "noprompt.jsonl:1: each line needs"),
+    ("train_real_missing_package", "launch/train.py", "--config=configs/smollm2.py:runlocal", "--workdir={d}/run",
+     "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models", "is not installed"),
 ]
 
 
@@ -143,6 +158,13 @@ def _setup(case_id: str, d: str, pair: dict) -> dict:
          "mismatch": {"mismatch/k3": 0.0}}
   with open(os.path.join(d, "garbage.jsonl"), "w") as f:
     f.write(json.dumps(row) + "\nnot json\n" + json.dumps(row) + "\n")
+  with open(os.path.join(d, "noprompt.jsonl"), "w") as f:
+    f.write('{"answer": "2"}\n')
+  with open(os.path.join(d, "garbage.gguf"), "wb") as f:
+    f.write(b"GGUF" + bytes(range(64)))
+  if case_id == "prepare_model_architecture":
+    from tests.gguf_files import write_gguf
+    write_gguf(os.path.join(d, "falcon.gguf"), "falcon")
   with open(os.path.join(d, "garbage_problems.jsonl"), "w") as f:
     f.write('{"prompt": "1+1=", "answer": "2"}\nnot json\n')
   with open(os.path.join(d, "nopair.jsonl"), "w") as f:

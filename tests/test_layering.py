@@ -5,8 +5,8 @@ import os
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "opd_jax")
 # Lowest first; a module may import its own package and any package of a lower layer.
-LAYERS = [{"errors"}, {"models"}, {"data"}, {"rollout", "objectives"}, {"mismatch"}, {"train"}, {"screening"},
-          {"analysis"}]
+LAYERS = [{"errors"}, {"models"}, {"data"}, {"rollout", "objectives"}, {"mismatch", "prepare"}, {"train"},
+          {"screening"}, {"analysis"}]
 
 
 def _layer(package: str) -> int:

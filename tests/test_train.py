@@ -291,7 +291,7 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
     ({"train.mode": "eager"}, "train.mode"),
     ({"data.source": "jsonl"}, "data.train_file=''"),
     ({"student": "/nonexistent/student"}, "'/nonexistent/student' does not exist"),
-    ({"train.steps": 0}, "train.steps must be a positive integer"),
+    ({"train.steps": -1}, "train.steps must be an integer >= 0"),
     ({"train.max_skipped_steps": 0}, "train.max_skipped_steps"),
     ({"train.micro_batch_size": 3}, "train.micro_batch_size=3 does not divide"),
     ({"optimizer.end_lr_fraction": 2.0}, "optimizer.end_lr_fraction"),

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from configs.common import parse_arg  # noqa: E402
 
 PAIRS = ("pair1", "pair2", "pair3")
+REAL_PAIRS = ("smollm2",)  # pairs prepared from a real pretrained model (configs/<name>.py); not in "all"
 STEPS = 150  # learner updates per point; evaluations at the start and the end only
 
 SHORT_RUN = (  # shared by every sweep: each point trains this long and evaluates at its start and end
@@ -38,9 +39,10 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
   `base`: the sweep's own overrides of every point (the arguments win over them)."""
   args = parse_arg(arg, pairs="", steps=STEPS, lr=0.0, objective="", seed=0, only="")
   pairs = PAIRS if args.pairs == "all" else tuple(filter(None, args.pairs.split("+"))) or default_pairs
-  unknown = [p for p in pairs if p not in PAIRS]
+  unknown = [p for p in pairs if p not in PAIRS + REAL_PAIRS]
   if unknown:
-    raise ValueError(f"config argument pairs={args.pairs!r}: unknown pair(s) {unknown}; known: {list(PAIRS)} or all")
+    raise ValueError(f"config argument pairs={args.pairs!r}: unknown pair(s) {unknown}; known: "
+                     f"{list(PAIRS + REAL_PAIRS)} or all")
   if args.steps < 1:
     raise ValueError(f"config argument steps={args.steps} must be >= 1")
   overrides = dict(SHORT_RUN + tuple(base))

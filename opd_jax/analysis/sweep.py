@@ -68,7 +68,11 @@ def _summarize(workdir: str) -> dict:
           "initial_accuracy": eval_rows[0]["eval/accuracy"],
           "final_accuracy": eval_rows[-1]["eval/accuracy"],
           "best_accuracy": max(r["eval/accuracy"] for r in eval_rows),
+          "initial_reverse_kl": eval_rows[0].get("eval/reverse_kl"),
           "final_reverse_kl": eval_rows[-1].get("eval/reverse_kl"),
+          **({"initial_teacher_forced_kl": eval_rows[0]["eval/teacher_forced_kl"],
+              "final_teacher_forced_kl": eval_rows[-1]["eval/teacher_forced_kl"]}
+             if "eval/teacher_forced_kl" in eval_rows[-1] else {}),
           "skipped_steps": float(sum(r.get("skipped", 0.0) for r in train_rows)),
           # objective.min_ess: share of updates skipped for a low importance ESS (logged rows are window means)
           **({"low_ess_skip_fraction": mean("skipped_low_ess")} if any("skipped_low_ess" in r for r in train_rows)
@@ -145,4 +149,6 @@ def fill_deltas(rows: list[dict]) -> list[dict]:
     if row["status"] == "ok" and base is not None:
       row["delta_final_accuracy"] = row["final_accuracy"] - base["final_accuracy"]
       row["delta_best_accuracy"] = row["best_accuracy"] - base["best_accuracy"]
+      if row.get("final_reverse_kl") is not None and base.get("final_reverse_kl") is not None:
+        row["delta_final_reverse_kl"] = row["final_reverse_kl"] - base["final_reverse_kl"]
   return rows

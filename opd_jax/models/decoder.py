@@ -197,10 +197,13 @@ def _scanned_layers(graphdef, attention: str, remat: str):
   layer description, so an eager call does not retrace the scan (inside an outer jit it is inlined)."""
   step = functools.partial(_layer_step, graphdef, attention, remat, True)
 
-  def run(x_BxTxD, states, cos_BxTxH, sin_BxTxH, mask_BxTxS):
+  def run(x_BxTxD, states, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L):
     stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
-    body = lambda x, layer_state: (step(x, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS), None)
-    return jax.lax.scan(body, x_BxTxD, stacked_state)[0]
+    if keep_L is None:
+      body = lambda x, layer_state: (step(x, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS), None)
+      return jax.lax.scan(body, x_BxTxD, stacked_state)[0]
+    body = lambda x, xs: (jnp.where(xs[1], step(x, xs[0], cos_BxTxH, sin_BxTxH, mask_BxTxS), x), None)
+    return jax.lax.scan(body, x_BxTxD, (stacked_state, keep_L))[0]
 
   return jax.jit(run)
 
@@ -262,10 +265,13 @@ class Decoder(nnx.Module):
     return head(hidden_BxTxD, out_dtype=jnp.float32)
 
   def hidden_states(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None,
-                    span: tuple[int, int] | None = None):
+                    span: tuple[int, int] | None = None, layer_keep_L: jax.Array | None = None):
     """Final normed hidden states [B, T, D] in the compute dtype (only positions span=(start, stop) when
     given); with a cache, -> (hidden, new cache). Callers that need logits over many positions apply
-    `logits` chunk by chunk (opd_jax.objectives.chunked) instead of materializing [B, T, V]."""
+    `logits` chunk by chunk (opd_jax.objectives.chunked) instead of materializing [B, T, V].
+
+    layer_keep_L: optional bool [L] (no cache only); a layer marked False passes its input through unchanged,
+    as if it were removed from the model (layer-pruning importance, one compiled program for every subset)."""
     B, T = tokens_BxT.shape
     valid_BxT = jnp.ones((B, T), bool) if valid_BxT is None else valid_BxT.astype(bool)
     if positions_BxT is None:
@@ -287,8 +293,10 @@ class Decoder(nnx.Module):
 
     x_BxTxD = self.embed_tokens(tokens_BxT)
     if cache is None:
-      x_BxTxD = self._run_layers(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS)
+      x_BxTxD = self._run_layers(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_keep_L)
     else:
+      if layer_keep_L is not None:
+        raise InputError("layer_keep_L applies without a cache only")
       new_layers = []
       for i, layer in enumerate(self.layers):
         x_BxTxD, layer_cache = layer(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache.layers[i], cache_index)
@@ -300,8 +308,9 @@ class Decoder(nnx.Module):
       return x_BxTxD
     return x_BxTxD, cache.replace(layers=new_layers, valid_BxS=valid_BxS)
 
-  def _run_layers(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS):
-    """x <- layer_l(x) for l = 0 .. L-1 without a cache; one scanned body over stacked states when alike.
+  def _run_layers(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L=None):
+    """x <- layer_l(x) for l = 0 .. L-1 (where keep_L[l], when given) without a cache; one scanned body over
+    stacked states when alike.
 
     The gradient flows through the stack (jnp.stack per leaf) back to each layer's own parameters."""
     if self.attention != "reference":  # a query with no real key (pure left padding) attends to itself
@@ -311,7 +320,8 @@ class Decoder(nnx.Module):
     graphdefs, states = zip(*(nnx.split(layer) for layer in self.layers))
     consts = (cos_BxTxH, sin_BxTxH, mask_BxTxS)
     if self.scan_layers and _alike(graphdefs, states):
-      return _scanned_layers(graphdefs[0], self.attention, self.remat)(x_BxTxD, states, *consts)
-    for graphdef, layer_state in zip(graphdefs, states):
-      x_BxTxD = _layer_step(graphdef, self.attention, self.remat, False, x_BxTxD, layer_state, *consts)
+      return _scanned_layers(graphdefs[0], self.attention, self.remat)(x_BxTxD, states, *consts, keep_L)
+    for index, (graphdef, layer_state) in enumerate(zip(graphdefs, states)):
+      y_BxTxD = _layer_step(graphdef, self.attention, self.remat, False, x_BxTxD, layer_state, *consts)
+      x_BxTxD = y_BxTxD if keep_L is None else jnp.where(keep_L[index], y_BxTxD, x_BxTxD)
     return x_BxTxD

@@ -28,10 +28,12 @@ def _response_inputs(prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_B
   return tokens_BxT, valid_BxT, (P - 1, P + R - 1)
 
 
-def response_hidden(model, prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_BxR) -> jax.Array:
-  """Final normed hidden states [B, R, D] (compute dtype); row t is what predicts response token t."""
+def response_hidden(model, prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_BxR,
+                    layer_keep_L=None) -> jax.Array:
+  """Final normed hidden states [B, R, D] (compute dtype); row t is what predicts response token t.
+  layer_keep_L: see Decoder.hidden_states (layers marked False are skipped)."""
   tokens_BxT, valid_BxT, span = _response_inputs(prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_BxR)
-  return model.hidden_states(tokens_BxT, valid_BxT=valid_BxT, span=span)
+  return model.hidden_states(tokens_BxT, valid_BxT=valid_BxT, span=span, layer_keep_L=layer_keep_L)
 
 
 def response_logits(model, prompt_BxP, prompt_valid_BxP, response_BxR, response_mask_BxR) -> jax.Array:

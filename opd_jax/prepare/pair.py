@@ -1,0 +1,50 @@
+"""A config's `prepare` section: make its teacher and student directories when they do not exist yet.
+
+  config.prepare.gguf         installed package or .gguf file the teacher is imported from
+  config.prepare.keep_layers  the student is the teacher pruned to this many layers (opd_jax.prepare.prune)
+  config.teacher / .student   where the two HF directories are (or will be) written
+
+Both steps are idempotent (a finished directory made from the same source and settings is reused), so every
+launch script that loads the pair calls `prepare_pair` first and pays nothing once it has run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from opd_jax.data.problems import load_jsonl
+from opd_jax.errors import InputError
+from opd_jax.models.gguf_import import import_gguf
+from opd_jax.prepare.prune import MARKER, prune
+
+
+def _log(message: str) -> None:
+  print(f"prepare: {message}", file=sys.stderr, flush=True)
+
+
+def prepare_pair(config) -> None:
+  """Imports the teacher and prunes the student as `config.prepare` says; a config without one is left as is."""
+  if "prepare" not in config:
+    return
+  p = config.prepare
+  for field in ("keep_layers", "prompts", "max_new_tokens", "drops_per_round"):
+    if isinstance(p[field], bool) or not isinstance(p[field], int) or p[field] < 1:
+      raise InputError(f"prepare.{field} must be a positive integer, got {p[field]!r}")
+  if not os.path.isfile(os.path.join(config.teacher, "config.json")):
+    _log(f"importing {p.gguf} into {config.teacher}")
+    summary = import_gguf(p.gguf, config.teacher)
+    _log(f"teacher: {summary['architecture']}, {summary['layers']} layers, {summary['params'] / 1e6:.1f}M params "
+         f"({', '.join(f'{n} {k}' for k, n in summary['tensor_types'].items())} tensors dequantized to float32) "
+         f"in {summary['seconds']:.0f} s")
+  if os.path.isfile(os.path.join(config.student, MARKER)) and os.path.isfile(
+      os.path.join(config.student, "config.json")):
+    return
+  d = config.data
+  problems = load_jsonl(d.train_file)[:p.prompts]  # calibration on training prompts: held-out stays unseen
+  _log(f"pruning {config.teacher} to {p.keep_layers} layers into {config.student}")
+  report = prune(config.teacher, config.student, p.keep_layers, problems, max_prompt_tokens=d.max_prompt_tokens,
+                 max_new_tokens=p.max_new_tokens, use_chat_template=d.use_chat_template,
+                 logits_chunk=config.train.logits_chunk, drops_per_round=p.drops_per_round, log=_log)
+  _log(f"student: kept layers {report['kept']} (KL to the teacher on its calibration responses "
+       f"{report['kl_to_source']:.3f}) in {report['seconds']:.0f} s")
