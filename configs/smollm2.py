@@ -56,7 +56,7 @@ def get_config(arg=None):
 
   # Data: the embedded chat prompt set (opd_jax/data/chat_prompts.py); answers only on the capitals task.
   c.data.source = "jsonl"
-  c.data.train_file = os.path.join(CHAT, "train.jsonl")  # 1,834 prompts: instructions + capitals questions
+  c.data.train_file = os.path.join(CHAT, "train.jsonl")  # 1,780 prompts: instructions + capitals questions
   c.data.heldout_file = os.path.join(CHAT, "heldout.jsonl")  # held-out subjects; alternates capitals and chat
   c.data.use_chat_template = True  # ChatML from the GGUF's metadata (with SmolLM2's default system turn)
   c.data.max_prompt_tokens = 64  # chat-wrapped prompts are 35-57 tokens: none is cut
@@ -75,7 +75,7 @@ def get_config(arg=None):
   c.train.logits_chunk = 512  # tokens per vocabulary chunk: 512 x 49,152 x 4 bytes = 100 MB of logits
   c.train.log_every = 5
   c.train.eval_every = 75  # evaluations at steps 0, 75 and 150
-  c.train.eval_size = 96  # held-out prompts per evaluation: 48 capitals (all of them) and 48 chat prompts
+  c.train.eval_size = 96  # held-out prompts per evaluation: 48 chat prompts, 48 capital questions (39 graded)
   c.train.eval_batch_size = 32
   c.train.eval_teacher_forced = True  # teacher's greedy responses: its accuracy and eval/teacher_forced_kl
   c.train.eval_samples = 8  # greedy responses written to samples.jsonl at each evaluation

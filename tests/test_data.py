@@ -114,10 +114,13 @@ def test_chat_prompt_set_is_generated_and_split_by_subject():
   assert len(built["train"]) + len(built["heldout"]) >= 2000
   train = {r["prompt"] for r in built["train"]}
   assert not train & {r["prompt"] for r in built["heldout"]}
-  capitals = [r for r in built["heldout"] if "answer" in r]
-  assert len(capitals) >= 40 and all(r["grader"] == "contains" for r in capitals)
+  graded = [r for r in built["heldout"] if "answer" in r]
+  assert len(graded) >= 30 and all(r["grader"] == "contains" for r in graded)
   country = lambda prompt: prompt.rsplit(" of ", 1)[1].rstrip("?")
-  assert not {country(r["prompt"]) for r in capitals} & {country(t) for t in train if "the capital of" in t}
+  known = set(chat_prompts._sources()["teacher_known_capitals"])
+  assert {country(r["prompt"]) for r in graded} <= known  # graded only where the teacher is right
+  heldout_countries = {country(r["prompt"]) for r in built["heldout"] if "the capital of" in r["prompt"]}
+  assert not heldout_countries & {country(t) for t in train if "the capital of" in t}
   assert ["answer" in r for r in built["heldout"][:6]] == [True, False] * 3  # any prefix mixes both kinds
 
 

@@ -3,13 +3,15 @@
 Made by this project (no download): `opd_jax/assets/chat/sources.json` lists subjects (topics, concepts,
 activities, pairs to compare, sentences to edit, things to name) and a country -> capital table; every
 template below is applied to every subject of its kind. OPD needs no answers, so chat rows carry only a
-"prompt". The capitals rows carry an "answer" and `"grader": "contains"` (the capital named on the response's
-first line), so accuracy can be reported next to KL on a task the teacher mostly gets right.
+"prompt". Capital questions carry an "answer" and `"grader": "contains"` (the capital named on the response's
+first line) only for the countries in sources.json's "teacher_known_capitals": those whose capital the
+teacher names correctly in greedy decoding (launch/build_chat_prompts.py measures it), so accuracy is
+reported on a task where the teacher is reliable; the other countries' questions are plain prompts.
 
 Split: a subject (or country) goes to the held-out set by a hash of its text (`HELDOUT_SHARE` of subjects,
 `CAPITALS_HELDOUT_SHARE` of countries), and every prompt made from it goes with it, so held-out prompts ask
 about things the student never trained on. The held-out file alternates capitals and chat prompts until the
-capitals run out, so any prefix (`train.eval_size` rows) holds both kinds about evenly.
+capitals run out (graded capitals first), so any prefix (`train.eval_size` rows) holds both kinds evenly.
 
   python -m opd_jax.data.chat_prompts   # rewrites opd_jax/assets/chat/{train,heldout}.jsonl (deterministic)
 """
@@ -23,7 +25,7 @@ import random
 
 ASSET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "chat")
 HELDOUT_SHARE = 0.15  # share of chat subjects whose prompts are held out
-CAPITALS_HELDOUT_SHARE = 0.33  # share of countries whose capital questions are held out
+CAPITALS_HELDOUT_SHARE = 0.5  # share of countries whose capital questions are held out
 SHUFFLE_SEED = 0
 
 TEMPLATES = {
@@ -65,16 +67,18 @@ def build(sources: dict | None = None) -> dict[str, list[dict]]:
       split = "heldout" if _heldout(" / ".join(parts), HELDOUT_SHARE) else "train"
       chat[split] += [{"prompt": template.format(*parts)} for template in templates]
   capitals = {"train": [], "heldout": []}
+  known = set(sources.get("teacher_known_capitals", ()))
   for country, capital in sources["capitals"]:
     split = "heldout" if _heldout(country, CAPITALS_HELDOUT_SHARE) else "train"
-    capitals[split] += [{"prompt": t.format(country), "answer": capital, "grader": "contains"}
-                        for t in CAPITAL_TEMPLATES[split]]
+    answer = {"answer": capital, "grader": "contains"} if country in known else {}
+    capitals[split] += [{"prompt": t.format(country), **answer} for t in CAPITAL_TEMPLATES[split]]
   rng = random.Random(SHUFFLE_SEED)
   train = chat["train"] + capitals["train"]
   rng.shuffle(train)
   heldout_chat, heldout_capitals = chat["heldout"], capitals["heldout"]
   rng.shuffle(heldout_chat)
   rng.shuffle(heldout_capitals)
+  heldout_capitals.sort(key=lambda row: "answer" not in row)  # graded first (a stable sort keeps the shuffle)
   heldout = []
   for i, row in enumerate(heldout_chat):  # alternate while both last, then the rest of the chat prompts
     if i < len(heldout_capitals):
@@ -82,6 +86,13 @@ def build(sources: dict | None = None) -> dict[str, list[dict]]:
     heldout.append(row)
   heldout += heldout_capitals[len(heldout_chat):]
   return {"train": train, "heldout": heldout}
+
+
+def capital_questions(sources: dict | None = None) -> list[tuple[str, str, str]]:
+  """(country, capital, the held-out phrasing of the question) for every country of the table."""
+  sources = sources or _sources()
+  return [(country, capital, CAPITAL_TEMPLATES["heldout"][0].format(country))
+          for country, capital in sources["capitals"]]
 
 
 def write(out_dir: str = ASSET_DIR) -> dict[str, int]:
