@@ -96,7 +96,8 @@ def test_real_model_config_runs_end_to_end_on_a_tiny_gguf(tmp_path):
   models, workdir = str(tmp_path / "models"), str(tmp_path / "run")
   command = [sys.executable, "launch/train.py", "--config=configs/smollm2.py:runlocal,keep_layers=2",
              f"--workdir={workdir}", f"--config.prepare.gguf={gguf_file}", f"--config.prepare.dir={models}",
-             "--config.prepare.prompts=4", "--config.prepare.max_new_tokens=8", "--config.data.max_prompt_tokens=48",
+             "--config.prepare.prompts=4", "--config.prepare.max_new_tokens=8", "--config.prepare.max_prompt_tokens=48",
+             "--config.data.max_prompt_tokens=48",
              "--config.rollout.max_new_tokens=8", "--config.train.progress_bar=False"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from opd_jax.analysis import real_pair_tables
 from opd_jax.analysis.files import read_budget, read_json, read_results
 from opd_jax.analysis.sweep import fill_deltas
 
@@ -126,4 +127,5 @@ def all_tables(results_dir: str) -> dict[str, str]:
   prefix_path = os.path.join(results_dir, "prefix_shift_pair1.json")
   if os.path.exists(prefix_path):
     tables["corrections (prefix shift, pair1)"] = corrections_table(read_json(prefix_path, "prefix-shift file"))
+  tables.update(real_pair_tables.tables(results_dir))
   return tables

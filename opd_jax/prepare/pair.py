@@ -1,7 +1,8 @@
 """A config's `prepare` section: make its teacher and student directories when they do not exist yet.
 
   config.prepare.gguf         installed package or .gguf file the teacher is imported from
-  config.prepare.keep_layers  the student is the teacher pruned to this many layers (opd_jax.prepare.prune)
+  config.prepare.keep_layers  the student is the teacher pruned to this many layers (opd_jax.prepare.prune), on
+                              the teacher's greedy responses to the first prepare.prompts training prompts
   config.teacher / .student   where the two HF directories are (or will be) written
 
 Both steps are idempotent (a finished directory made from the same source and settings is reused), so every
@@ -28,7 +29,7 @@ def prepare_pair(config) -> None:
   if "prepare" not in config:
     return
   p = config.prepare
-  for field in ("keep_layers", "prompts", "max_new_tokens", "drops_per_round"):
+  for field in ("keep_layers", "prompts", "max_prompt_tokens", "max_new_tokens", "drops_per_round"):
     if isinstance(p[field], bool) or not isinstance(p[field], int) or p[field] < 1:
       raise InputError(f"prepare.{field} must be a positive integer, got {p[field]!r}")
   if not os.path.isfile(os.path.join(config.teacher, "config.json")):
@@ -43,7 +44,7 @@ def prepare_pair(config) -> None:
   d = config.data
   problems = load_jsonl(d.train_file)[:p.prompts]  # calibration on training prompts: held-out stays unseen
   _log(f"pruning {config.teacher} to {p.keep_layers} layers into {config.student}")
-  report = prune(config.teacher, config.student, p.keep_layers, problems, max_prompt_tokens=d.max_prompt_tokens,
+  report = prune(config.teacher, config.student, p.keep_layers, problems, max_prompt_tokens=p.max_prompt_tokens,
                  max_new_tokens=p.max_new_tokens, use_chat_template=d.use_chat_template,
                  logits_chunk=config.train.logits_chunk, drops_per_round=p.drops_per_round, log=_log)
   _log(f"student: kept layers {report['kept']} (KL to the teacher on its calibration responses "

@@ -167,9 +167,10 @@ def prune(source: str, out: str, keep_layers: int, problems: list[Problem], *, m
     raise InputError("pruning needs calibration prompts; the prompt set is empty")
   if not isinstance(drops_per_round, int) or drops_per_round < 1:
     raise InputError(f"drops_per_round must be a positive integer (1 = greedy), got {drops_per_round!r}")
-  settings = {"keep_layers": keep_layers, "prompts": len(problems), "max_prompt_tokens": max_prompt_tokens,
-              "max_new_tokens": max_new_tokens, "use_chat_template": use_chat_template,
-              "drops_per_round": drops_per_round}
+  prompts_digest = hashlib.sha256("\n".join(p.prompt for p in problems).encode("utf-8")).hexdigest()
+  settings = {"keep_layers": keep_layers, "prompts": len(problems), "prompts_sha256": prompts_digest,
+              "max_prompt_tokens": max_prompt_tokens, "max_new_tokens": max_new_tokens,
+              "use_chat_template": use_chat_template, "drops_per_round": drops_per_round}
   digest = fingerprint(source)
   if os.path.exists(out):
     marker = os.path.join(out, MARKER)
