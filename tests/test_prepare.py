@@ -102,7 +102,7 @@ def test_real_model_config_runs_end_to_end_on_a_tiny_gguf(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "prepare: importing" in result.stderr and "prepare: pruning" in result.stderr
+  assert "prepare: imported" in result.stderr and "prepare: student" in result.stderr
   assert sorted(os.listdir(models)) == ["smollm2-135m-instruct", "smollm2-135m-instruct-L2"]
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   first, last = rows[0], rows[-1]

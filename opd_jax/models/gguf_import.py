@@ -197,9 +197,9 @@ def import_gguf(source: str, out: str) -> dict:
         previous = json.load(f)
       if previous.get("sha256") == digest:
         return {**previous, "out": out, "skipped": True, "seconds": time.time() - start}
-      raise CheckpointError(f"--out {out!r} holds an import of another file ({previous.get('source')}); "
-                            "choose another --out or remove it")
-    raise CheckpointError(f"--out {out!r} exists and is not an import made by this tool; choose a new directory")
+      raise CheckpointError(f"{out!r} holds an import of another file ({previous.get('source')}); "
+                            "choose another output directory or remove it")
+    raise CheckpointError(f"{out!r} exists and is not an import made by this tool; choose a new directory")
   meta, tensors = read_gguf(path)
   config = hf_config(meta, tensors, path)
   tokenizer_json, tokenizer_config = build_tokenizer(meta, path)

@@ -11,13 +11,12 @@ launch script that loads the pair calls `prepare_pair` first and pays nothing on
 
 from __future__ import annotations
 
-import os
 import sys
 
 from opd_jax.data.problems import load_jsonl
 from opd_jax.errors import InputError
 from opd_jax.models.gguf_import import import_gguf
-from opd_jax.prepare.prune import MARKER, prune
+from opd_jax.prepare.prune import prune
 
 
 def _log(message: str) -> None:
@@ -32,20 +31,19 @@ def prepare_pair(config) -> None:
   for field in ("keep_layers", "prompts", "max_prompt_tokens", "max_new_tokens", "drops_per_round"):
     if isinstance(p[field], bool) or not isinstance(p[field], int) or p[field] < 1:
       raise InputError(f"prepare.{field} must be a positive integer, got {p[field]!r}")
-  if not os.path.isfile(os.path.join(config.teacher, "config.json")):
-    _log(f"importing {p.gguf} into {config.teacher}")
-    summary = import_gguf(p.gguf, config.teacher)
-    _log(f"teacher: {summary['architecture']}, {summary['layers']} layers, {summary['params'] / 1e6:.1f}M params "
-         f"({', '.join(f'{n} {k}' for k, n in summary['tensor_types'].items())} tensors dequantized to float32) "
-         f"in {summary['seconds']:.0f} s")
-  if os.path.isfile(os.path.join(config.student, MARKER)) and os.path.isfile(
-      os.path.join(config.student, "config.json")):
-    return
+  # Both steps check what is already there: a finished directory made from the same source and settings is
+  # kept (a hash comparison, about a second), anything else at the path is an error naming it.
+  summary = import_gguf(p.gguf, config.teacher)
+  if not summary["skipped"]:
+    _log(f"imported {p.gguf} into {config.teacher}: {summary['architecture']}, {summary['layers']} layers, "
+         f"{summary['params'] / 1e6:.1f}M params ({', '.join(f'{n} {k}' for k, n in summary['tensor_types'].items())}"
+         f" tensors dequantized to float32) in {summary['seconds']:.0f} s")
   d = config.data
   problems = load_jsonl(d.train_file)[:p.prompts]  # calibration on training prompts: held-out stays unseen
-  _log(f"pruning {config.teacher} to {p.keep_layers} layers into {config.student}")
   report = prune(config.teacher, config.student, p.keep_layers, problems, max_prompt_tokens=p.max_prompt_tokens,
                  max_new_tokens=p.max_new_tokens, use_chat_template=d.use_chat_template,
-                 logits_chunk=config.train.logits_chunk, drops_per_round=p.drops_per_round, log=_log)
-  _log(f"student: kept layers {report['kept']} (KL to the teacher on its calibration responses "
-       f"{report['kl_to_source']:.3f}) in {report['seconds']:.0f} s")
+                 logits_chunk=config.train.logits_chunk, drops_per_round=p.drops_per_round,
+                 log=lambda message: _log(f"pruning to {p.keep_layers} layers: {message}"))
+  if not report["skipped"]:
+    _log(f"student {config.student}: kept layers {report['kept']} (KL to the teacher on its calibration responses "
+         f"{report['kl_to_source']:.3f}) in {report['seconds']:.0f} s")

@@ -179,9 +179,9 @@ def prune(source: str, out: str, keep_layers: int, problems: list[Problem], *, m
         previous = json.load(f)
       if previous.get("source_sha256") == digest and previous.get("settings") == settings:
         return {**previous, "skipped": True}
-      raise InputError(f"--out {out!r} holds a model pruned from another source or with other settings "
-                       f"({previous.get('settings')}); choose another --out or remove it")
-    raise InputError(f"--out {out!r} exists and is not a pruned model made by this tool; choose a new directory")
+      raise InputError(f"{out!r} holds a model pruned from another source or with other settings "
+                       f"({previous.get('settings')}); choose another output directory or remove it")
+    raise InputError(f"{out!r} exists and is not a pruned model made by this tool; choose a new directory")
   model = load_pretrained(source, jnp.float32, attention="xla", scan_layers=True)
   tokenizer = load_tokenizer(source)
   log(f"calibration: greedy responses of the {layers}-layer model to {len(problems)} prompts")
