@@ -1,5 +1,6 @@
 """Memory planner: does a teacher -> student OPD run fit the device? No GPU and no weights needed.
 
+  python launch/plan_memory.py --config=configs/real/qwen3_1p7b_to_0p6b.py [--config.x.y=v ...] [--devices=N]
   python launch/plan_memory.py --teacher=qwen3-1.7b --student=qwen3-0.6b --batch=64 --prompt_tokens=256 \
       --response_tokens=1024 --device_memory_gb=80 [--devices=8 --mesh_fsdp=8 --mesh_tensor=1] \
       [--weights=none|bf16|int8|fp8] [--kv_cache=native|bf16|int8|fp8] [--staleness=k] [--micro_batch_size=M] \
@@ -7,6 +8,10 @@
       [--placement=colocated|disaggregated --rollout_devices=N --rollout_tensor=T] [--quantize_embedding] \
       [--snapshots_on=device|host] [--split_mismatch]
 
+With --config it plans exactly the run `launch/train.py --config=...` executes: every setting comes from the
+run config (the loop and the planner build their programs with the same functions, opd_jax/train/programs.py),
+the model shapes from config.teacher / config.student (an HF directory, or a shipped shape name); any of the
+flags below given as well overrides its config field. Without --config the flags describe the run.
 --teacher / --student: an HF config.json directory or a shipped real shape (configs/models/<name>). Compiles
 every program of the run with abstract shapes on --devices simulated CPU devices and prints per-device
 argument / output / temp / alias / peak GiB per program, the resident bytes between programs, the verdict and
@@ -24,10 +29,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
 from opd_jax.errors import InputError  # noqa: E402
 
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config to plan (e.g. configs/real/...py).",
+                                          lock_config=True)
 _TEACHER = flags.DEFINE_string("teacher", None, "Teacher: HF config dir or shipped name (configs/models).")
 _STUDENT = flags.DEFINE_string("student", None, "Student: HF config dir or shipped name (configs/models).")
 _BATCH = flags.DEFINE_integer("batch", 64, "Responses per train step (B).")
@@ -54,19 +62,44 @@ _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the t
 _MEASURE = flags.DEFINE_bool("measure_rss", False, "Also measure the train step's peak RSS on CPU (small configs).")
 
 
+# flag -> PlanConfig field, for flags that override a --config run's setting when given
+_OVERRIDES = {"batch": "batch_size", "prompt_tokens": "prompt_tokens", "response_tokens": "response_tokens",
+              "mesh_fsdp": "mesh_fsdp", "mesh_tensor": "mesh_tensor", "weights": "weights", "kv_cache": "kv_cache",
+              "staleness": "staleness_steps", "micro_batch_size": "micro_batch_size", "logits_chunk": "logits_chunk",
+              "remat": "remat", "objective": "objective", "placement": "placement",
+              "rollout_devices": "rollout_devices", "rollout_tensor": "rollout_tensor",
+              "quantize_embedding": "quantize_embedding", "snapshots_on": "snapshots_on",
+              "split_mismatch": "split_mismatch"}
+
+
+def plan_of_config(mp):
+  """PlanConfig of the --config run, shapes from the config's model paths (or --teacher / --student)."""
+  import dataclasses
+  config = _CONFIG.value
+  shapes = {role: mp.resolve_model(flag.value or config[role], f"--{role}" if flag.value else f"config.{role}")
+            for role, flag in (("teacher", _TEACHER), ("student", _STUDENT))}
+  plan = mp.PlanConfig.from_config(config, shapes["teacher"], shapes["student"], devices=_DEVICES.value,
+                                   device_memory_bytes=int(_MEMORY.value * mp.GIB))
+  given = {field: flags.FLAGS[name].value for name, field in _OVERRIDES.items() if flags.FLAGS[name].present}
+  return dataclasses.replace(plan, **given) if given else plan
+
+
 def run() -> None:
   from opd_jax.analysis import memory_plan as mp
-  if not _TEACHER.value or not _STUDENT.value:
-    raise InputError("--teacher and --student are required (an HF config dir or one of: "
-                     f"{', '.join(mp.known_models())})")
-  plan = mp.PlanConfig(
-      teacher=mp.resolve_model(_TEACHER.value, "--teacher"), student=mp.resolve_model(_STUDENT.value, "--student"),
-      batch_size=_BATCH.value, prompt_tokens=_PROMPT.value, response_tokens=_RESPONSE.value,
-      device_memory_bytes=int(_MEMORY.value * mp.GIB), devices=_DEVICES.value, mesh_fsdp=_FSDP.value,
-      mesh_tensor=_TENSOR.value, weights=_WEIGHTS.value, kv_cache=_KV.value, staleness_steps=_STALENESS.value,
-      micro_batch_size=_MICRO.value, logits_chunk=_CHUNK.value, remat=_REMAT.value, objective=_OBJECTIVE.value,
-      placement=_PLACEMENT.value, rollout_devices=_ROLLOUT_DEVICES.value, rollout_tensor=_ROLLOUT_TENSOR.value,
-      quantize_embedding=_EMBED.value, snapshots_on=_SNAPSHOTS.value, split_mismatch=_SPLIT.value)
+  if _CONFIG.value is not None:
+    plan = plan_of_config(mp)
+  else:
+    if not _TEACHER.value or not _STUDENT.value:
+      raise InputError("give --config=RUN_CONFIG, or --teacher and --student (an HF config dir or one of: "
+                       f"{', '.join(mp.known_models())})")
+    plan = mp.PlanConfig(
+        teacher=mp.resolve_model(_TEACHER.value, "--teacher"), student=mp.resolve_model(_STUDENT.value, "--student"),
+        batch_size=_BATCH.value, prompt_tokens=_PROMPT.value, response_tokens=_RESPONSE.value,
+        device_memory_bytes=int(_MEMORY.value * mp.GIB), devices=_DEVICES.value, mesh_fsdp=_FSDP.value,
+        mesh_tensor=_TENSOR.value, weights=_WEIGHTS.value, kv_cache=_KV.value, staleness_steps=_STALENESS.value,
+        micro_batch_size=_MICRO.value, logits_chunk=_CHUNK.value, remat=_REMAT.value, objective=_OBJECTIVE.value,
+        placement=_PLACEMENT.value, rollout_devices=_ROLLOUT_DEVICES.value, rollout_tensor=_ROLLOUT_TENSOR.value,
+        quantize_embedding=_EMBED.value, snapshots_on=_SNAPSHOTS.value, split_mismatch=_SPLIT.value)
   log = (lambda s: None) if _JSON.value else (lambda s: print(s, file=sys.stderr, flush=True))
   result = mp.plan_memory(plan, log=log)
   out = result.to_json()
@@ -75,7 +108,8 @@ def run() -> None:
   if _JSON.value:
     print(json.dumps(out))
     return
-  print(f"teacher {_TEACHER.value} -> student {_STUDENT.value}")
+  print(f"teacher {plan.teacher.model_type} ({plan.teacher.num_params() / 1e6:,.1f}M params) -> student "
+        f"{plan.student.model_type} ({plan.student.num_params() / 1e6:,.1f}M params)")
   print(mp.format_plan(result))
   if _MEASURE.value:
     check = out["rss_check"]

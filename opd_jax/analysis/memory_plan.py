@@ -36,7 +36,6 @@ Legend: B batch, P prompt tokens, R response tokens, V vocab, K sampler top-k, M
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import pickle
@@ -54,17 +53,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from opd_jax.errors import InputError
 from opd_jax.models.config import ModelConfig, read_hf_config
 from opd_jax.models.decoder import Decoder
-from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, per_device_bytes, state_shardings
-from opd_jax.objectives.logprobs import score
+from opd_jax.models.sharding import batch_sharding, make_mesh, mesh_shape, per_device_bytes
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.placement import split_devices
-from opd_jax.rollout.sampler import Sampler
-from opd_jax.rollout.weight_sync import WeightSync
-from opd_jax.train.evaluation import make_kl_fn
+from opd_jax.train import programs
 from opd_jax.train.optimizer import make_optimizer, make_schedule
-from opd_jax.train.step import RolloutBatch, TrainState, train_step
+from opd_jax.train.step import RolloutBatch, TrainState
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(REPO, "configs", "models")  # shipped real shapes: <name>/config.json (no weights)
@@ -112,13 +108,40 @@ class PlanConfig:
   top_k: int = 16  # *_topk objectives: teacher top-k support
   student_param_dtype: str = "float32"  # master weights and optimizer state
   student_compute_dtype: str = "bfloat16"
-  teacher_dtype: str = "bfloat16"  # teacher params and compute
+  teacher_dtype: str = "bfloat16"  # teacher params (and compute, unless teacher_compute_dtype says otherwise)
+  teacher_compute_dtype: str = ""  # "" = teacher_dtype
   placement: str = "colocated"  # colocated | disaggregated (the sampler on rollout_devices of its own)
   rollout_devices: int = 0  # disaggregated: the sampler's devices, out of `devices`
   rollout_tensor: int = 1  # sampler mesh tensor axis
   quantize_embedding: bool = False  # int8/fp8 recipes: the embedding table too
   snapshots_on: str = "device"  # staleness snapshots: device | host
   split_mismatch: bool = False  # a dense learner copy per kept version (the loop's rollout.split_mismatch)
+  attention: str = "xla"  # model.attention of both models
+  scan_layers: bool = True  # model.scan_layers
+  temperature: float = 1.0  # rollout.temperature
+  sampler_top_k: int = SAMPLER_TOP_K  # train.vocab_metrics_top_k: top-k log-probs the sampler returns
+  group_size: int = 1  # responses per prompt (rollout.samples_per_prompt, or grpo's group_size)
+
+  @classmethod
+  def from_config(cls, config, teacher: ModelConfig, student: ModelConfig, *, devices: int,
+                  device_memory_bytes: int) -> "PlanConfig":
+    """The plan of the run `launch/train.py --config=...` executes with these model shapes: every setting a
+    program depends on is read from the run config (opd_jax/train/programs.py builds them alike)."""
+    r, t, m, o = config.rollout, config.train, config.mesh, config.objective
+    group = o.group_size if o.name == "grpo" else r.samples_per_prompt
+    return cls(teacher=teacher, student=student, batch_size=t.batch_size, prompt_tokens=config.data.max_prompt_tokens,
+               response_tokens=r.max_new_tokens, device_memory_bytes=device_memory_bytes, devices=devices,
+               mesh_fsdp=m.fsdp, mesh_tensor=m.tensor, weights=r.weights, kv_cache=r.kv_cache,
+               staleness_steps=r.staleness_steps, micro_batch_size=t.micro_batch_size, logits_chunk=t.logits_chunk,
+               remat=config.model.remat, objective=o.name, top_k=o.top_k,
+               student_param_dtype=config.student_param_dtype, student_compute_dtype=config.student_compute_dtype,
+               teacher_dtype=config.teacher_param_dtype, teacher_compute_dtype=config.teacher_compute_dtype,
+               placement=r.placement, rollout_devices=r.devices, rollout_tensor=r.tensor_parallel,
+               quantize_embedding=r.quantize_embedding, snapshots_on=r.snapshots_on,
+               split_mismatch=r.split_mismatch, attention=config.model.attention,
+               scan_layers=config.model.scan_layers, temperature=r.temperature,
+               sampler_top_k=student.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k,
+               group_size=group)
 
   def __post_init__(self):
     for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
@@ -158,7 +181,7 @@ class PlanConfig:
                            max_new_tokens=self.response_tokens, quantize_embedding=self.quantize_embedding,
                            placement=self.placement, devices=self.rollout_devices,
                            tensor_parallel=self.rollout_tensor, snapshots_on=self.snapshots_on,
-                           split_mismatch=self.split_mismatch)
+                           split_mismatch=self.split_mismatch, temperature=self.temperature)
     except ValueError as e:
       raise InputError(f"rollout flags (--weights={self.weights!r}, --kv_cache={self.kv_cache!r}, "
                        f"--placement={self.placement!r}, ...): {e}") from None
@@ -204,10 +227,6 @@ def _abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
-def _with_shardings(tree, shardings):
-  return jax.tree.map(lambda a, s: _abstract(a.shape, a.dtype, s), tree, shardings)
-
-
 def _abstract_model(config: ModelConfig, dtype: str, param_dtype: str, **options):
   model = nnx.eval_shape(lambda: Decoder(config, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(param_dtype),
                                          **options))
@@ -217,28 +236,31 @@ def _abstract_model(config: ModelConfig, dtype: str, param_dtype: str, **options
 def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   """Every jitted program of a run with abstract sharded arguments, plus the abstract resident state.
 
-  The one place that calls the run's APIs (models, optimizer, sampler, teacher scoring, train step,
-  evaluation), exactly as opd_jax.train.loop builds them. Returns (programs by name, resident trees by name).
-  The train step takes the whole batch and accumulates gradients over `micro_batch_size` rows.
+  The programs come from opd_jax.train.programs.build, the builders the training loop uses, with the plan's
+  settings. Returns (programs by name, resident trees by name). The train step takes the whole batch and
+  accumulates gradients over `micro_batch_size` rows.
   """
-  B, P, R, K = plan.batch_size, plan.prompt_tokens, plan.response_tokens, SAMPLER_TOP_K
-  objective = ObjectiveConfig(name=plan.objective, top_k=plan.top_k)
+  B, P, R, K = plan.batch_size, plan.prompt_tokens, plan.response_tokens, plan.sampler_top_k
+  objective = ObjectiveConfig(name=plan.objective, top_k=plan.top_k, group_size=plan.group_size)
+  options = dict(attention=plan.attention, scan_layers=plan.scan_layers, remat=plan.remat)
   s_graphdef, s_params = _abstract_model(plan.student, plan.student_compute_dtype, plan.student_param_dtype,
-                                         remat=plan.remat)
-  t_graphdef, t_params = _abstract_model(plan.teacher, plan.teacher_dtype, plan.teacher_dtype)
+                                         **options)
+  t_graphdef, t_params = _abstract_model(plan.teacher, plan.teacher_compute_dtype or plan.teacher_dtype,
+                                         plan.teacher_dtype, **options)
   optimizer = make_optimizer(make_schedule(learning_rate=1e-6, warmup_steps=0, total_steps=1),
                              weight_decay=0.0, grad_clip_norm=1.0)
   state = TrainState(s_params, jax.eval_shape(optimizer.init, s_params), jax.ShapeDtypeStruct((), jnp.int32))
   rollout = plan.rollout()
-
-  state_sharding = state_shardings(state, mesh)
-  state = _with_shardings(state, state_sharding)
-  teacher_sharding = state_shardings(t_params, mesh)
-  t_params = _with_shardings(t_params, teacher_sharding)
+  settings = programs.RunSettings(rollout, objective, plan.logits_chunk, micro_batch_size, K, plan.group_size,
+                                  plan.student.eos_token_id, 0, True)
   s_mesh = plan_sampler_mesh(plan)
-  weight_sync = WeightSync(rollout, state.params, s_mesh, jnp.dtype(plan.student_compute_dtype))
-  sampler_params = weight_sync.abstract
-  rows, replicated = batch_sharding(mesh), NamedSharding(mesh, PartitionSpec())
+  run = programs.build(settings, graphdef=s_graphdef, teacher_graphdef=t_graphdef, state=state,
+                       teacher_state=t_params, optimizer=optimizer, mesh=mesh, sampler_mesh=s_mesh,
+                       compute_dtype=plan.student_compute_dtype)
+  state = programs.abstract_with(state, run.state_shardings)
+  t_params = programs.abstract_with(t_params, run.teacher_shardings)
+  sampler_params = run.weight_sync.abstract
+  rows = batch_sharding(mesh)
   s_rows, s_replicated = placement.batch_sharding(s_mesh), NamedSharding(s_mesh, PartitionSpec())
   split = rollout.keeps_dense_copies(lagged=plan.staleness_steps > 0)
   teacher_k = objective.top_k if objective.needs_teacher_topk else 0
@@ -246,40 +268,31 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
       prompt_BxP=_abstract((B, P), jnp.int32, rows), prompt_valid_BxP=_abstract((B, P), jnp.bool_, rows),
       response_BxR=_abstract((B, R), jnp.int32, rows), mask_BxR=_abstract((B, R), jnp.float32, rows),
       sampler_logp_BxR=_abstract((B, R), jnp.float32, rows), teacher_logp_BxR=_abstract((B, R), jnp.float32, rows),
-      teacher_hidden_BxRxD=(_abstract((B, R, plan.teacher.hidden_size), jnp.dtype(plan.teacher_dtype), rows)
+      teacher_hidden_BxRxD=(_abstract((B, R, plan.teacher.hidden_size),
+                                      jnp.dtype(plan.teacher_compute_dtype or plan.teacher_dtype), rows)
                             if objective.needs_teacher_hidden else None),
       teacher_top_logprobs_BxRxK=_abstract((B, R, teacher_k), jnp.float32, rows) if teacher_k else None,
       teacher_top_ids_BxRxK=_abstract((B, R, teacher_k), jnp.int32, rows) if teacher_k else None,
-      sampler_top_logprobs_BxRxK=_abstract((B, R, K), jnp.float32, rows),
-      sampler_top_ids_BxRxK=_abstract((B, R, K), jnp.int32, rows),
+      sampler_top_logprobs_BxRxK=_abstract((B, R, K), jnp.float32, rows) if K else None,
+      sampler_top_ids_BxRxK=_abstract((B, R, K), jnp.int32, rows) if K else None,
       snapshot_logp_BxR=_abstract((B, R), jnp.float32, rows) if split else None)
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
-  sampler = Sampler(s_graphdef, rollout.sampling(eos_ids=plan.student.eos_token_id, pad_id=0, logits_top_k=K),
-                    mesh=s_mesh, state_shardings=weight_sync.shardings)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
-  teacher = jax.jit(functools.partial(score, t_graphdef, temperature=1.0, logits_chunk=plan.logits_chunk,
-                                      return_hidden=objective.needs_teacher_hidden, top_k=teacher_k))
-  step = jax.jit(functools.partial(train_step, s_graphdef, optimizer, objective, 1.0, 2.0,
-                                   teacher_graphdef=t_graphdef, logits_chunk=plan.logits_chunk,
-                                   micro_batch_size=micro_batch_size),
-                 in_shardings=(state_sharding, rows, teacher_sharding), out_shardings=(state_sharding, replicated),
-                 donate_argnums=(0,))
-
-  reverse_kl = make_kl_fn(s_graphdef, t_graphdef, plan.logits_chunk, "reverse")  # the loop's evaluation program
-  programs = {
-      "sampler": Program(sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
-      "teacher_score": Program(teacher, (t_params, *tokens), ("teacher_params",)),
-      "train_step": Program(step, (state, batch, t_params),
+  programs_by_name = {
+      "sampler": Program(run.sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
+      "teacher_score": Program(run.teacher_score, (t_params, *tokens), ("teacher_params",)),
+      "train_step": Program(run.train_step, (state, batch, t_params),
                             ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
-      "eval_reverse_kl": Program(reverse_kl, (state.params, t_params, *tokens), ("learner_params", "teacher_params")),
+      "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *tokens),
+                                 ("learner_params", "teacher_params")),
   }
   on_device = plan.snapshots_on == "device"
   resident = {"teacher_params": t_params, "learner_params": state.params, "optimizer_state": state.opt_state,
               "rollout_batch": batch, "sampler_weights": sampler_params,
               "staleness_snapshots": [sampler_params] * plan.staleness_steps if on_device else [],
               "dense_snapshots": [state.params] * (plan.staleness_steps + 1) if split else []}
-  return programs, resident
+  return programs_by_name, resident
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
@@ -23,17 +22,15 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
-from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.rollout.snapshots import SnapshotStore
-from opd_jax.rollout.weight_sync import WeightSync
-from opd_jax.train import distributed, evaluation
+from opd_jax.train import distributed, evaluation, programs
 from opd_jax.train.checkpointing import Checkpointer
 from opd_jax.train.data import PromptPipeline
 from opd_jax.train.export import export_student
 from opd_jax.train.logging import MetricsWriter
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.rollouts import AsyncRollouts, Produced, RolloutProducer
-from opd_jax.train.step import TrainState, train_step
+from opd_jax.train.step import TrainState
 from opd_jax.train.workdir_lock import WorkdirLock
 
 MODES = ("sync", "async")
@@ -190,7 +187,6 @@ def train(config, workdir: str) -> dict:
   batch_sharding = shard_lib.batch_sharding(mesh)
   put_batch = functools.partial(distributed.put_global, sharding=batch_sharding)
   put_sampler_batch = functools.partial(distributed.put_global, sharding=placement.batch_sharding(sampler_mesh))
-  replicated = shard_lib.replicated(mesh)
 
   # Models: the teacher is fixed (own dtypes), the student is the learner (float32 master params, compute in
   # student_compute_dtype); both sharded by the same rules.
@@ -221,28 +217,25 @@ def train(config, workdir: str) -> dict:
                            end_lr_fraction=o.end_lr_fraction)
   optimizer = make_optimizer(schedule, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
   state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-  state_shardings = shard_lib.state_shardings(state, mesh)
-  state = jax.device_put(state, state_shardings)
-  teacher_shardings = shard_lib.state_shardings(teacher_state, mesh)
-  step_fn = jax.jit(functools.partial(train_step, graphdef, optimizer, objective, rollout.temperature,
-                                      objective.is_cap, teacher_graphdef=teacher_graphdef,
-                                      logits_chunk=t.logits_chunk, micro_batch_size=t.micro_batch_size),
-                    in_shardings=(state_shardings, batch_sharding, teacher_shardings),
-                    out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
-  # Rollout engine: the sampler's weights come from the learner through one sync per version (recipe applied
-  # on the learner's devices, then resharded onto the sampler's mesh); lagged runs keep snapshots of them.
-  vocab_k = student.config.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
-  weight_sync = WeightSync(rollout, state.params, sampler_mesh, student.dtype)
-  sampler = Sampler(graphdef, rollout.sampling(eos_ids=eos_ids, pad_id=pad_id, logits_top_k=vocab_k,
-                                               samples_per_prompt=group),
-                    mesh=sampler_mesh, state_shardings=weight_sync.shardings)
+  # Every program of the run (opd_jax/train/programs.py: the same builders the memory planner compiles): train
+  # step, weight sync + rollout sampler (the sampler's weights come from the learner through one sync per
+  # version, recipe applied on the learner's devices, then resharded onto the sampler's mesh), teacher scoring,
+  # evaluation samplers and KL.
+  settings = programs.RunSettings.from_config(config, rollout, objective, vocab_size=student.config.vocab_size,
+                                              group_size=group, eos_ids=eos_ids, pad_id=pad_id)
+  run = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
+                       teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
+                       compute_dtype=student.dtype)
+  state = jax.device_put(state, run.state_shardings)
+  step_fn, weight_sync = run.train_step, run.weight_sync
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
-                             teacher_state=teacher_state, rollout=rollout, sampler=sampler, objective=objective,
+                             teacher_state=teacher_state, rollout=rollout, sampler=run.sampler, objective=objective,
                              put_batch=put_batch, put_sampler_batch=put_sampler_batch, learner_rows=batch_sharding,
                              seed=config.seed, logits_chunk=t.logits_chunk,
                              reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems)
-                             if objective.prompts_per_batch_divisor > 1 else None, group_size=group)
+                             if objective.prompts_per_batch_divisor > 1 else None, group_size=group,
+                             teacher_score=run.teacher_score, student_score=run.student_score)
   # Split the mismatch into precision/noise and staleness factors: score each batch with the dense learner
   # version that generated it too (costs one dense copy per kept version; only when lag and knobs coexist).
   split = rollout.keeps_dense_copies(lagged=rollout.staleness_steps > 0 or t.mode == "async")
@@ -263,12 +256,7 @@ def train(config, workdir: str) -> dict:
 
   # Evaluation: the student's own greedy and sampled answers, no mismatch knobs; optionally the teacher's greedy
   # responses (made once) scored by the student (teacher-forced KL) and graded (the teacher's accuracy).
-  greedy = SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=0.0, eos_ids=eos_ids, pad_id=pad_id)
-  eval_samplers = {"": Sampler(graphdef, greedy)}
-  if t.eval_sampled:
-    eval_samplers["_sampled"] = Sampler(graphdef, dataclasses.replace(greedy, temperature=1.0))
-  reverse_kl_fn = evaluation.make_kl_fn(graphdef, teacher_graphdef, t.logits_chunk, "reverse")
-  forward_kl_fn = evaluation.make_kl_fn(graphdef, teacher_graphdef, t.logits_chunk, "forward")
+  eval_samplers, reverse_kl_fn, forward_kl_fn = run.eval_samplers, run.eval_reverse_kl, run.eval_forward_kl
   teacher_reference = []  # [Responses] of the teacher, once made
 
   def run_eval(params, step: int) -> dict:
@@ -278,7 +266,7 @@ def train(config, workdir: str) -> dict:
     samples = []
     if t.eval_teacher_forced and not teacher_reference:
       teacher_reference.append(evaluation.Responses([], []))
-      result = evaluation.evaluate(Sampler(teacher_graphdef, greedy), teacher_state, tokenizer, heldout,
+      result = evaluation.evaluate(run.teacher_greedy, teacher_state, tokenizer, heldout,
                                    keep=teacher_reference[0], **common)
       row.update({f"eval/teacher_{k}": v for k, v in result.items()})
       samples += _sample_rows("teacher", heldout[:t.eval_samples], teacher_reference[0].texts)

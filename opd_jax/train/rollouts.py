@@ -21,7 +21,6 @@ the queue. JAX releases the GIL while XLA runs, so sampling and learning overlap
 from __future__ import annotations
 
 import dataclasses
-import functools
 import queue
 import threading
 from typing import Callable
@@ -30,11 +29,10 @@ import jax
 import numpy as np
 
 from opd_jax.errors import InputError
-from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler
-from opd_jax.train import distributed
+from opd_jax.train import distributed, programs
 from opd_jax.train.step import RolloutBatch
 
 
@@ -50,13 +48,16 @@ class RolloutProducer:
 
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
                objective: ObjectiveConfig, put_batch, put_sampler_batch=None, learner_rows=None, seed: int,
-               logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1):
+               logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1,
+               teacher_score=None, student_score=None):
     """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
     learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
     sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when
     scoring (0 = all at once).
     group_size: responses per prompt (the sampler's samples_per_prompt must equal it).
-    reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO)."""
+    reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO).
+    teacher_score / student_score: the scoring programs when already built (opd_jax.train.programs builds them
+    either way)."""
     if sampler.config.samples_per_prompt != group_size:
       raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches "
                        f"come in groups of {group_size}")
@@ -65,13 +66,10 @@ class RolloutProducer:
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
-    temperature = rollout.temperature
-    self._teacher = jax.jit(functools.partial(
-        score, teacher_graphdef, temperature=temperature, logits_chunk=logits_chunk,
-        return_hidden=objective.needs_teacher_hidden, top_k=objective.top_k if objective.needs_teacher_topk else 0,
-        top_k_temperature=objective.temperature))
-    self._student = jax.jit(functools.partial(score, student_graphdef, temperature=temperature,
-                                              logits_chunk=logits_chunk))
+    self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
+                                                                    rollout.temperature, logits_chunk)
+    self._student = student_score or programs.student_score_program(student_graphdef, rollout.temperature,
+                                                                    logits_chunk)
 
   def produce(self, index: int, version: int, snapshot: dict, prompts: dict) -> RolloutBatch:
     """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters

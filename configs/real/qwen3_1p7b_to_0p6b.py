@@ -1,0 +1,19 @@
+"""Qwen3-1.7B -> Qwen3-0.6B on one 80 GB GPU: batch 64 x (256 prompt + 1,024 response) tokens.
+
+Plan (no GPU, no weights; shapes from configs/models):
+  python launch/plan_memory.py --config=configs/real/qwen3_1p7b_to_0p6b.py
+Train (HF checkpoint directories and JSONL prompts of your own):
+  python launch/train.py --config=configs/real/qwen3_1p7b_to_0p6b.py:teacher=/ckpt/Qwen3-1.7B,student=/ckpt/Qwen3-0.6B,train_file=train.jsonl,heldout_file=test.jsonl --workdir=runs/qwen3_0p6b
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import real_config  # noqa: E402
+
+
+def get_config(arg=None):
+  c = real_config("qwen3_1p7b_to_0p6b", arg, teacher_shape="qwen3-1.7b", student_shape="qwen3-0.6b")
+  c.train.micro_batch_size = 8  # gradient accumulation over 8 passes of 8 rows (the planner's largest fit)
+  return c

@@ -1,0 +1,21 @@
+"""Qwen3-8B -> Qwen3-1.7B on 8 x 80 GB GPUs: batch 64 x (256 prompt + 1,024 response) tokens, fsdp over 8.
+
+Plan (no GPU, no weights; shapes from configs/models):
+  python launch/plan_memory.py --config=configs/real/qwen3_8b_to_1p7b.py --devices=8
+Train (HF checkpoint directories and JSONL prompts of your own):
+  python launch/train.py --config=configs/real/qwen3_8b_to_1p7b.py:teacher=/ckpt/Qwen3-8B,student=/ckpt/Qwen3-1.7B,train_file=train.jsonl,heldout_file=test.jsonl --workdir=runs/qwen3_1p7b
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import real_config  # noqa: E402
+
+
+def get_config(arg=None):
+  c = real_config("qwen3_8b_to_1p7b", arg, teacher_shape="qwen3-8b", student_shape="qwen3-1.7b")
+  c.mesh.fsdp = 8  # parameters, Adam state and the teacher sharded over the 8 devices; batch split over them too
+  c.train.micro_batch_size = 16  # 2 rows per device per pass, 4 passes
+  c.rollout.tensor_parallel = 8  # the sampler's weights over heads / MLP / vocab, its KV cache over KV heads
+  return c

@@ -1,0 +1,138 @@
+"""The programs of an OPD run, built in one place for the training loop and the memory planner.
+
+One builder per program: the loop (opd_jax/train/loop.py), the rollout producer and the memory planner
+(opd_jax/analysis/memory_plan.py) all construct the sampler, the weight sync, teacher / student scoring, the
+train step and the evaluation programs here, from the same settings, so a plan or a benchmark measures the
+program a run executes. Model and optimizer arrays are arguments of every program (never captured: a captured
+array would become a constant of the executable); tests/test_programs.py lowers each one and checks.
+
+`RunSettings.from_config` reads every setting a program depends on from a run config; `build` returns the
+programs for given graph definitions, parameters (arrays or abstract ShapeDtypeStructs) and meshes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from opd_jax.models import sharding as shard_lib
+from opd_jax.objectives.logprobs import score
+from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.rollout.config import RolloutConfig
+from opd_jax.rollout.sampler import Sampler, SamplingConfig
+from opd_jax.rollout.weight_sync import WeightSync
+from opd_jax.train.evaluation import make_kl_fn
+from opd_jax.train.step import train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """What the programs depend on besides models, parameters and meshes."""
+  rollout: RolloutConfig
+  objective: ObjectiveConfig
+  logits_chunk: int  # tokens (rows x positions) per vocabulary chunk; 0 = all at once
+  micro_batch_size: int  # rows per gradient-accumulation pass; 0 = the whole batch
+  sampler_top_k: int  # top-k log-probs the rollout sampler returns (vocabulary mismatch metrics); 0 = none
+  group_size: int  # responses per distinct prompt
+  eos_ids: tuple[int, ...]
+  pad_id: int
+  eval_sampled: bool  # evaluation also samples at temperature 1 (and measures the reverse KL there)
+
+  @classmethod
+  def from_config(cls, config, rollout: RolloutConfig, objective: ObjectiveConfig, *, vocab_size: int,
+                  group_size: int, eos_ids: tuple[int, ...], pad_id: int) -> "RunSettings":
+    t = config.train
+    top_k = vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
+    return cls(rollout, objective, t.logits_chunk, t.micro_batch_size, top_k, group_size, tuple(eos_ids), pad_id,
+               bool(t.eval_sampled))
+
+
+def teacher_score_program(teacher_graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int):
+  """jit (teacher_state, prompt, valid, response, mask) -> Scores: the sampled tokens' log-probs, plus the final
+  hidden states / top-k the objective needs of the teacher."""
+  top_k = objective.top_k if objective.needs_teacher_topk else 0
+  return jax.jit(functools.partial(score, teacher_graphdef, temperature=temperature, logits_chunk=logits_chunk,
+                                   return_hidden=objective.needs_teacher_hidden, top_k=top_k,
+                                   top_k_temperature=objective.temperature))
+
+
+def student_score_program(graphdef, temperature: float, logits_chunk: int):
+  """jit (state, prompt, valid, response, mask) -> Scores of a learner version (the mismatch split's dense copy)."""
+  return jax.jit(functools.partial(score, graphdef, temperature=temperature, logits_chunk=logits_chunk))
+
+
+def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTransformation, settings: RunSettings,
+                       *, state_shardings, teacher_shardings, mesh: Mesh, micro_batch_size: int | None = None):
+  """jit (state, batch, teacher_state) -> (state, metrics), state donated; micro_batch_size overrides the
+  settings' (the planner's search)."""
+  micro = settings.micro_batch_size if micro_batch_size is None else micro_batch_size
+  fn = functools.partial(train_step, graphdef, optimizer, settings.objective, settings.rollout.temperature,
+                         settings.objective.is_cap, teacher_graphdef=teacher_graphdef,
+                         logits_chunk=settings.logits_chunk, micro_batch_size=micro)
+  return jax.jit(fn, in_shardings=(state_shardings, shard_lib.batch_sharding(mesh), teacher_shardings),
+                 out_shardings=(state_shardings, shard_lib.replicated(mesh)), donate_argnums=(0,))
+
+
+def rollout_sampler(graphdef, settings: RunSettings, weight_sync: WeightSync) -> Sampler:
+  """The rollout engine's sampler, on the sampler mesh with the synced weights' layout."""
+  sampling = settings.rollout.sampling(eos_ids=settings.eos_ids, pad_id=settings.pad_id,
+                                       logits_top_k=settings.sampler_top_k, samples_per_prompt=settings.group_size)
+  return Sampler(graphdef, sampling, mesh=weight_sync.mesh, state_shardings=weight_sync.shardings)
+
+
+def eval_samplers(graphdef, settings: RunSettings) -> dict[str, Sampler]:
+  """Evaluation samplers by metric suffix: "" greedy, "_sampled" temperature 1 (when evaluated); no knobs."""
+  greedy = SamplingConfig(max_new_tokens=settings.rollout.max_new_tokens, temperature=0.0,
+                          eos_ids=settings.eos_ids, pad_id=settings.pad_id)
+  samplers = {"": Sampler(graphdef, greedy)}
+  if settings.eval_sampled:
+    samplers["_sampled"] = Sampler(graphdef, dataclasses.replace(greedy, temperature=1.0))
+  return samplers
+
+
+def abstract_with(tree, shardings):
+  """ShapeDtypeStructs of `tree` (arrays or abstract) carrying `shardings`."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+@dataclasses.dataclass
+class RunPrograms:
+  state_shardings: object
+  teacher_shardings: object
+  weight_sync: WeightSync
+  sampler: Sampler
+  teacher_score: object
+  student_score: object
+  train_step: object
+  eval_samplers: dict
+  teacher_greedy: Sampler
+  eval_reverse_kl: object
+  eval_forward_kl: object
+
+
+def build(settings: RunSettings, *, graphdef, teacher_graphdef, state, teacher_state, optimizer, mesh: Mesh,
+          sampler_mesh: Mesh, compute_dtype) -> RunPrograms:
+  """Every program of a run. state: the learner's TrainState and teacher_state: the teacher's parameters, as
+  arrays or abstract values (shardings are derived here from the parameter paths); compute_dtype: the
+  learner's, in which the synced sampler weights are stored."""
+  state_shardings = shard_lib.state_shardings(state, mesh)
+  teacher_shardings = shard_lib.state_shardings(teacher_state, mesh)
+  weight_sync = WeightSync(settings.rollout, abstract_with(state.params, state_shardings.params), sampler_mesh,
+                           jnp.dtype(compute_dtype))
+  return RunPrograms(
+      state_shardings=state_shardings, teacher_shardings=teacher_shardings, weight_sync=weight_sync,
+      sampler=rollout_sampler(graphdef, settings, weight_sync),
+      teacher_score=teacher_score_program(teacher_graphdef, settings.objective, settings.rollout.temperature,
+                                          settings.logits_chunk),
+      student_score=student_score_program(graphdef, settings.rollout.temperature, settings.logits_chunk),
+      train_step=train_step_program(graphdef, teacher_graphdef, optimizer, settings, state_shardings=state_shardings,
+                                    teacher_shardings=teacher_shardings, mesh=mesh),
+      eval_samplers=eval_samplers(graphdef, settings),
+      teacher_greedy=eval_samplers(teacher_graphdef, dataclasses.replace(settings, eval_sampled=False))[""],
+      eval_reverse_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "reverse"),
+      eval_forward_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "forward"))
