@@ -5,13 +5,8 @@ Run (about 8 minutes on 2 CPU cores; README lists the measured before/after accu
 Smoke run (seconds):   --config=configs/pair2.py:runlocal
 Sensitivity recipe:    --config=configs/pair2.py:recipe=runs/sensitivity_pair2/recipe_fp8.json
 Mismatch knobs:        --config.rollout.weights=fp8 --config.rollout.kv_cache=fp8 --config.rollout.staleness_steps=2
-Real checkpoints:      --config.teacher=/ckpt/Llama-3.1-8B-Instruct --config.student=/ckpt/Llama-3.2-1B-Instruct
-                       --config.teacher_param_dtype=bfloat16 --config.teacher_compute_dtype=bfloat16
-                       --config.student_compute_dtype=bfloat16 --config.model.remat=full --config.data.source=jsonl
-                       --config.data.train_file=gsm8k_train.jsonl --config.data.heldout_file=gsm8k_test.jsonl
-                       --config.data.use_chat_template=True --config.data.max_prompt_tokens=256
-                       --config.rollout.max_new_tokens=1024 --config.train.micro_batch_size=8
-                       (check the fit first: python launch/plan_memory.py --teacher=DIR --student=DIR --batch=64 ...)
+Real checkpoints:      start from configs/real/*.py (every real-scale setting, with why; plan it with
+                       python launch/plan_memory.py --config=configs/real/qwen3_1p7b_to_0p6b.py)
 """
 
 import os

@@ -35,7 +35,7 @@ def tiny_result(tiny_plan):
 
 def test_json_fields_are_present_and_consistent(tiny_result):
   out = json.loads(json.dumps(tiny_result.to_json()))
-  assert set(out["programs"]) == {"sampler", "teacher_score", "train_step", "eval_reverse_kl"}
+  assert set(out["programs"]) == {"sampler", "teacher_score", "train_step", "eval_sampler", "eval_reverse_kl"}
   assert out["fits"] is True and out["micro_batch_size"] == 8
   assert out["peak_bytes_per_device"] == max(out["program_totals"].values()) <= out["device_memory_bytes"]
   assert {"teacher_params", "learner_params", "optimizer_state", "rollout_batch"} <= set(out["resident_bytes"])

@@ -1,6 +1,7 @@
 """Memory planner: does an OPD run fit the device? Answered without a GPU and without allocating weights.
 
-Every jitted program of a run (sampler, teacher scoring, train step, evaluation reverse KL) is compiled ahead
+Every jitted program of a run (sampler, teacher scoring, train step, evaluation sampler and reverse KL; built
+by opd_jax/train/programs.py, as the training loop builds them) is compiled ahead
 of time with abstract, sharded arguments (`jax.ShapeDtypeStruct` + `NamedSharding`) on a mesh of simulated
 CPU devices, and XLA's buffer assignment gives per-device bytes (`compiled.memory_analysis()`):
 
@@ -121,6 +122,12 @@ class PlanConfig:
   temperature: float = 1.0  # rollout.temperature
   sampler_top_k: int = SAMPLER_TOP_K  # train.vocab_metrics_top_k: top-k log-probs the sampler returns
   group_size: int = 1  # responses per prompt (rollout.samples_per_prompt, or grpo's group_size)
+  eval_batch_size: int = 0  # train.eval_batch_size: rows per evaluation program; 0 = batch_size
+  eval_sampled: bool = True  # train.eval_sampled
+  weight_rules: tuple = ()  # rollout.weight_rules: explicit (regex, precision) rules (a sensitivity recipe)
+  noise_sigma: float = 0.0  # rollout.noise_sigma (the weight sync adds the noise)
+  sampling_top_k: int = 0  # rollout.top_k / top_p: the sampler's filters (top-p sorts the vocabulary)
+  sampling_top_p: float = 1.0
 
   @classmethod
   def from_config(cls, config, teacher: ModelConfig, student: ModelConfig, *, devices: int,
@@ -141,7 +148,9 @@ class PlanConfig:
                split_mismatch=r.split_mismatch, attention=config.model.attention,
                scan_layers=config.model.scan_layers, temperature=r.temperature,
                sampler_top_k=student.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k,
-               group_size=group)
+               group_size=group, eval_batch_size=t.eval_batch_size, eval_sampled=bool(t.eval_sampled),
+               weight_rules=tuple(tuple(rule) for rule in r.weight_rules), noise_sigma=r.noise_sigma,
+               sampling_top_k=r.top_k, sampling_top_p=r.top_p)
 
   def __post_init__(self):
     for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
@@ -181,10 +190,19 @@ class PlanConfig:
                            max_new_tokens=self.response_tokens, quantize_embedding=self.quantize_embedding,
                            placement=self.placement, devices=self.rollout_devices,
                            tensor_parallel=self.rollout_tensor, snapshots_on=self.snapshots_on,
-                           split_mismatch=self.split_mismatch, temperature=self.temperature)
+                           split_mismatch=self.split_mismatch, temperature=self.temperature,
+                           weight_rules=self.weight_rules, noise_sigma=self.noise_sigma, top_k=self.sampling_top_k,
+                           top_p=self.sampling_top_p)
     except ValueError as e:
       raise InputError(f"rollout flags (--weights={self.weights!r}, --kv_cache={self.kv_cache!r}, "
                        f"--placement={self.placement!r}, ...): {e}") from None
+
+  def settings(self, micro_batch_size: int | None = None) -> programs.RunSettings:
+    """The RunSettings the run's programs are built with (micro_batch_size: override, for the search)."""
+    micro = self.micro_batch_size if micro_batch_size is None else micro_batch_size
+    objective = ObjectiveConfig(name=self.objective, top_k=self.top_k, group_size=self.group_size)
+    return programs.RunSettings(self.rollout(), objective, self.logits_chunk, micro, self.sampler_top_k,
+                                self.group_size, tuple(self.student.eos_token_id), 0, self.eval_sampled)
 
   @property
   def disaggregated(self) -> bool:
@@ -241,7 +259,7 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   accumulates gradients over `micro_batch_size` rows.
   """
   B, P, R, K = plan.batch_size, plan.prompt_tokens, plan.response_tokens, plan.sampler_top_k
-  objective = ObjectiveConfig(name=plan.objective, top_k=plan.top_k, group_size=plan.group_size)
+  objective = plan.settings(micro_batch_size).objective
   options = dict(attention=plan.attention, scan_layers=plan.scan_layers, remat=plan.remat)
   s_graphdef, s_params = _abstract_model(plan.student, plan.student_compute_dtype, plan.student_param_dtype,
                                          **options)
@@ -251,8 +269,7 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
                              weight_decay=0.0, grad_clip_norm=1.0)
   state = TrainState(s_params, jax.eval_shape(optimizer.init, s_params), jax.ShapeDtypeStruct((), jnp.int32))
   rollout = plan.rollout()
-  settings = programs.RunSettings(rollout, objective, plan.logits_chunk, micro_batch_size, K, plan.group_size,
-                                  plan.student.eos_token_id, 0, True)
+  settings = plan.settings(micro_batch_size)
   s_mesh = plan_sampler_mesh(plan)
   run = programs.build(settings, graphdef=s_graphdef, teacher_graphdef=t_graphdef, state=state,
                        teacher_state=t_params, optimizer=optimizer, mesh=mesh, sampler_mesh=s_mesh,
@@ -279,12 +296,17 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
+  E = plan.eval_batch_size or B  # evaluation: the learner's own weights, eval_batch_size rows at a time
+  eval_tokens = tuple(_abstract((E, *t.shape[1:]), t.dtype, rows) for t in tokens)
+  learner_key = _abstract((), key.dtype, NamedSharding(mesh, PartitionSpec()))
   programs_by_name = {
       "sampler": Program(run.sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
       "teacher_score": Program(run.teacher_score, (t_params, *tokens), ("teacher_params",)),
       "train_step": Program(run.train_step, (state, batch, t_params),
                             ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
-      "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *tokens),
+      "eval_sampler": Program(run.eval_samplers[""]._fn, (state.params, *eval_tokens[:2], learner_key),
+                              ("learner_params",)),
+      "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
                                  ("learner_params", "teacher_params")),
   }
   on_device = plan.snapshots_on == "device"

@@ -108,7 +108,7 @@ def sensitivity_table(scans: dict[str, dict], top: int = 5) -> str:
     body.append([precision, f"{scan['whole_model']['k3']:.3g}",
                  ", ".join(f"{g['name'].split()[1]} ({g['k3']:.2g})" for g in layers[:top]),
                  f"{rank0} of {len(layers)}", ", ".join(f"{g['name']} ({g['k3']:.2g})" for g in modules[:3])])
-  return _md(["weights", "whole-model k3", f"most sensitive layers (k3)", "layer 0's rank",
+  return _md(["weights", "whole-model k3", "most sensitive layers (k3)", "layer 0's rank",
               "most sensitive module types (k3)"], body)
 
 

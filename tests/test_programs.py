@@ -1,0 +1,131 @@
+"""The programs of a run (opd_jax/train/programs.py): weights are arguments of every one of them, never constants
+baked into the executable, and the memory planner compiles the same programs the loop runs."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from opd_jax.models.config import ModelConfig
+from opd_jax.models.decoder import Decoder
+from opd_jax.models import sharding as shard_lib
+from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.rollout import placement
+from opd_jax.rollout.config import RolloutConfig
+from opd_jax.train import programs
+from opd_jax.train.optimizer import make_optimizer, make_schedule
+from opd_jax.train.step import RolloutBatch, TrainState
+
+# An embedding of 8192 x 64 float32 = 2 MiB: a program that captured it would hold a constant over the limit.
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=8192, hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                     tie_word_embeddings=True, eos_token_id=(1,))
+LIMIT = 1 << 20
+_CONSTANT = re.compile(r"stablehlo\.constant (dense_resource<[^>]*>|dense<\"0x[0-9A-Fa-f]*\">|dense<\[.*?\]>) : "
+                       r"tensor<([0-9x]+)x(f32|bf16|f16|i32|i8|ui8|f8\w*)>")
+_BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1}
+
+
+def large_constants(lowered) -> list[str]:
+  """Non-splat constants of more than LIMIT bytes in a lowered program (a captured array shows up as one)."""
+  found = []
+  for literal, shape, dtype in _CONSTANT.findall(lowered.as_text()):
+    size = int(np.prod([int(d) for d in shape.split("x")])) * _BYTES.get(dtype, 1)
+    if size > LIMIT:
+      found.append(f"{shape}x{dtype} ({size} bytes)")
+  return found
+
+
+@pytest.fixture(scope="module")
+def run():
+  model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  teacher_graphdef, teacher_state = nnx.split(Decoder(CONFIG, rngs=nnx.Rngs(1)))
+  optimizer = make_optimizer(make_schedule(learning_rate=1e-3, warmup_steps=0, total_steps=2), weight_decay=0.0,
+                             grad_clip_norm=1.0)
+  state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+  mesh = shard_lib.make_mesh(-1, 1, 1, devices=jax.devices()[:1])
+  sampler_mesh = placement.sampler_mesh(jax.devices()[:1], 1)
+  rollout = RolloutConfig(weights="int8", max_new_tokens=4)
+  settings = programs.RunSettings(rollout, ObjectiveConfig(name="reverse_kl"), 16, 0, 8, 1, (1,), 0, True)
+  built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
+                         teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
+                         compute_dtype=jnp.float32)
+  return built, jax.device_put(state, built.state_shardings), teacher_state
+
+
+def _lowered_programs(run):
+  built, state, teacher = run
+  B, P, R = 2, 3, 4
+  prompt = jnp.ones((B, P), jnp.int32)
+  valid = jnp.ones((B, P), bool)
+  response, mask = jnp.ones((B, R), jnp.int32), jnp.ones((B, R), jnp.float32)
+  key = jax.random.key(0)
+  sampler_params = built.weight_sync(state.params, 0)
+  scores = built.teacher_score(teacher, prompt, valid, response, mask)
+  batch = RolloutBatch(prompt, valid, response, mask, jnp.zeros((B, R)), scores.logp_BxR,
+                       teacher_hidden_BxRxD=scores.hidden_BxRxD)
+  return {
+      "weight_sync": built.weight_sync._fn.lower(state.params, jnp.int32(0)),
+      "sampler": built.sampler._fn.lower(sampler_params, prompt, valid, key),
+      "teacher_score": built.teacher_score.lower(teacher, prompt, valid, response, mask),
+      "student_score": built.student_score.lower(state.params, prompt, valid, response, mask),
+      "train_step": built.train_step.lower(state, batch, teacher),
+      "eval_greedy": built.eval_samplers[""]._fn.lower(state.params, prompt, valid, key),
+      "eval_sampled": built.eval_samplers["_sampled"]._fn.lower(state.params, prompt, valid, key),
+      "teacher_greedy": built.teacher_greedy._fn.lower(teacher, prompt, valid, key),
+      "eval_reverse_kl": built.eval_reverse_kl.lower(state.params, teacher, prompt, valid, response, mask),
+      "eval_forward_kl": built.eval_forward_kl.lower(state.params, teacher, prompt, valid, response, mask),
+  }
+
+
+def test_no_program_holds_a_weight_as_a_constant(run):
+  lowered = _lowered_programs(run)
+  assert len(lowered) == 10
+  found = {name: large_constants(program) for name, program in lowered.items()}
+  assert not any(found.values()), found
+
+
+def test_the_check_finds_a_captured_weight(run):
+  """The detector itself: a function that closes over the teacher holds its 2 MiB embedding as a constant."""
+  _, state, teacher = run
+  embedding = teacher["embed_tokens"]["embedding"].get_value()
+  captured = jax.jit(lambda tokens: jnp.take(embedding, tokens, axis=0)).lower(jnp.ones((2, 3), jnp.int32))
+  assert large_constants(captured) == ["8192x64xf32 (2097152 bytes)"]
+  argument = jax.jit(lambda table, tokens: jnp.take(table, tokens, axis=0)).lower(embedding, jnp.ones((2, 3), jnp.int32))
+  assert large_constants(argument) == []
+
+
+@pytest.mark.parametrize("config_file", ["configs/pair1.py", "configs/real/qwen3_1p7b_to_0p6b.py"])
+def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
+  """PlanConfig.from_config hands programs.build what the loop hands it for the same config (the objective's
+  fields the programs do not read aside, and the pad id, which changes no shape)."""
+  import dataclasses
+  import importlib.util
+  import os
+  from opd_jax.analysis import memory_plan as mp
+  from opd_jax.train.loop import response_group
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location("run_config", os.path.join(root, config_file))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  shape = mp.resolve_model("qwen3-0.6b", "--student")
+  plan = mp.PlanConfig.from_config(config, shape, shape, devices=1, device_memory_bytes=mp.GIB)
+  rollout = RolloutConfig.from_config(config.rollout)
+  objective = ObjectiveConfig(**dict(config.objective))
+  loop = programs.RunSettings.from_config(config, rollout, objective, vocab_size=shape.vocab_size,
+                                          group_size=response_group(rollout, objective),
+                                          eos_ids=shape.eos_token_id, pad_id=0)
+  planned = plan.settings()
+  assert dataclasses.replace(planned, objective=loop.objective) == loop
+  for field in ("name", "top_k", "temperature", "group_size"):
+    assert getattr(planned.objective, field) == getattr(loop.objective, field), field
+  assert (plan.attention, plan.scan_layers, plan.remat) == (config.model.attention, config.model.scan_layers,
+                                                            config.model.remat)
+  assert (plan.student_param_dtype, plan.student_compute_dtype, plan.teacher_dtype, plan.teacher_compute_dtype) == (
+      config.student_param_dtype, config.student_compute_dtype, config.teacher_param_dtype,
+      config.teacher_compute_dtype)
