@@ -124,6 +124,8 @@ CASES = [
     ("train_jsonl_no_prompt", *TRAIN, *TINY, "--config.data.source=jsonl",
      "--config.data.train_file={d}/noprompt.jsonl", "--config.data.heldout_file={d}/noprompt.jsonl",
      "noprompt.jsonl:1: each line needs"),
+    ("gguf_parity_texts", "launch/gguf_parity.py", "--gguf={d}/garbage.gguf", "--model={student}", "--texts=0",
+     "--texts must be >= 1"),
     ("build_chat_prompts_teacher", "launch/build_chat_prompts.py", "--teacher={d}/none", "does not exist"),
     ("train_real_missing_package", "launch/train.py", "--config=configs/smollm2.py:runlocal", "--workdir={d}/run",
      "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models", "is not installed"),

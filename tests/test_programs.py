@@ -101,9 +101,7 @@ def test_the_check_finds_a_captured_weight(run):
 
 @pytest.mark.parametrize("config_file", ["configs/pair1.py", "configs/real/qwen3_1p7b_to_0p6b.py"])
 def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
-  """PlanConfig.from_config hands programs.build what the loop hands it for the same config (the objective's
-  fields the programs do not read aside, and the pad id, which changes no shape)."""
-  import dataclasses
+  """PlanConfig.from_config hands programs.build what the loop hands it for the same config."""
   import importlib.util
   import os
   from opd_jax.analysis import memory_plan as mp
@@ -120,10 +118,7 @@ def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
   loop = programs.RunSettings.from_config(config, rollout, objective, vocab_size=shape.vocab_size,
                                           group_size=response_group(rollout, objective),
                                           eos_ids=shape.eos_token_id, pad_id=0)
-  planned = plan.settings()
-  assert dataclasses.replace(planned, objective=loop.objective) == loop
-  for field in ("name", "top_k", "temperature", "group_size"):
-    assert getattr(planned.objective, field) == getattr(loop.objective, field), field
+  assert plan.settings() == loop
   assert (plan.attention, plan.scan_layers, plan.remat) == (config.model.attention, config.model.scan_layers,
                                                             config.model.remat)
   assert (plan.student_param_dtype, plan.student_compute_dtype, plan.teacher_dtype, plan.teacher_compute_dtype) == (

