@@ -6,7 +6,8 @@
 For each schedule (layers dropped per scoring round; 1 = greedy, >= the layers to drop = one-shot), it chooses
 the layers on the first --prompts training prompts (as launch/prune.py does) and reports the KL from the full
 model to the pruned one on those calibration responses and on the full model's greedy responses to
---check_prompts other training prompts, with the seconds the choice took. Writes nothing but --out.
+--check_prompts other training prompts, with the cost of the choice: layer subsets scored (each one forward
+over the calibration set; independent of the machine's load) and seconds. Writes nothing but --out.
 """
 
 import json
@@ -54,7 +55,7 @@ def run():
   calibration = make(problems[:_PROMPTS.value])
   check = LayerScorer(model, make(problems[_CHECK_OFFSET.value:_CHECK_OFFSET.value + _CHECK.value]))
   rows = []
-  print(f"{'drops/round':>11} {'KL calibration':>15} {'KL check':>9} {'seconds':>8}  kept")
+  print(f"{'drops/round':>11} {'KL calibration':>15} {'KL check':>9} {'subsets scored':>14} {'seconds':>8}  kept")
   for schedule in schedules:
     start = time.time()
     choice = choose_layers(model, calibration, _KEEP.value, drops_per_round=schedule)
@@ -62,11 +63,12 @@ def run():
     keep = np.zeros(layers, bool)
     keep[choice["kept"]] = True
     row = {"keep_layers": _KEEP.value, "drops_per_round": schedule, "kl_calibration": choice["kl_to_source"],
-           "kl_check": check(keep), "seconds": seconds, "kept": choice["kept"], "dropped": choice["dropped"],
+           "kl_check": check(keep), "seconds": seconds, "subsets_scored": choice["subsets_scored"],
+           "kept": choice["kept"], "dropped": choice["dropped"],
            "prompts": _PROMPTS.value, "check_prompts": _CHECK.value, "max_new_tokens": _MAX_NEW.value}
     rows.append(row)
-    print(f"{schedule:>11} {row['kl_calibration']:>15.4f} {row['kl_check']:>9.4f} {seconds:>8.0f}  {choice['kept']}",
-          flush=True)
+    print(f"{schedule:>11} {row['kl_calibration']:>15.4f} {row['kl_check']:>9.4f} {row['subsets_scored']:>14} "
+          f"{seconds:>8.0f}  {choice['kept']}", flush=True)
   if _OUT.value:
     with open(_OUT.value + ".tmp", "w") as f:
       json.dump({"model": _MODEL.value, "rows": rows}, f, indent=1)

@@ -64,6 +64,7 @@ def test_greedy_choice_measures_every_remaining_layer(teacher_dir):
   assert scorer(np.ones(3, bool)) == pytest.approx(0.0, abs=1e-6)
   one_shot = choose_layers(model, calibration, keep_layers=1, drops_per_round=5)
   assert len(one_shot["dropped"]) == 2 and one_shot["kl_alone"] == choice["kl_alone"]
+  assert (choice["subsets_scored"], one_shot["subsets_scored"]) == (3 + 2, 3 + 1)  # rounds, plus one-shot's check
 
 
 def test_prune_writes_a_model_and_is_idempotent(teacher_dir, tmp_path):

@@ -42,9 +42,9 @@ def distillation_table(rows: list[dict]) -> str:
   evals = _evals(rows)
   first, last = evals[0], evals[-1]
   body = [
-      ["held-out reverse KL to the teacher (student's samples)", "0", _f(first["eval/reverse_kl"]),
+      ["held-out reverse KL to the teacher (student's samples)", "(0)", _f(first["eval/reverse_kl"]),
        _f(last["eval/reverse_kl"])],
-      ["teacher-forced KL(teacher ‖ student) (teacher's greedy responses)", "0",
+      ["teacher-forced KL(teacher ‖ student) (teacher's greedy responses)", "(0)",
        _f(first["eval/teacher_forced_kl"]), _f(last["eval/teacher_forced_kl"])],
       ["capitals accuracy (greedy)", _pct(first.get("eval/teacher_accuracy")), _pct(first.get("eval/accuracy")),
        _pct(last.get("eval/accuracy"))],
@@ -61,7 +61,7 @@ def samples_table(samples: list[dict], count: int = 3) -> str:
   by = lambda model, step: {s["prompt"]: s["response"] for s in samples if s["model"] == model and s["step"] == step}
   teacher, before, after = by("teacher", steps[0]), by("student", steps[0]), by("student", steps[-1])
   prompts = [s["prompt"] for s in samples if s["model"] == "teacher" and "answer" not in s][:count]
-  clean = lambda text: " ".join(text.replace("|", "\\|").split())
+  clean = lambda text: " ".join(text.replace("|", "\\|").split()) or "*(empty: EOS first)*"
   body = [[clean(p), clean(teacher[p]), clean(before[p]), clean(after[p])] for p in prompts]
   return _md(["prompt", "teacher", f"pruned (step {steps[0]})", f"distilled (step {steps[-1]})"], body)
 
@@ -80,10 +80,10 @@ def depth_table(results_dir: str) -> str:
 
 
 def prune_table(prune: dict) -> str:
-  body = [[str(r["drops_per_round"]), _f(r["kl_calibration"]), _f(r["kl_check"]), f"{r['seconds']:.0f}",
+  body = [[str(r["drops_per_round"]), _f(r["kl_calibration"]), _f(r["kl_check"]), str(r["subsets_scored"]),
            ", ".join(str(d["layer"]) for d in r["dropped"])] for r in prune["rows"]]
-  return _md(["layers dropped per round", "KL to the full model (calibration)", "KL (check prompts)", "seconds",
-              "dropped, in order"], body)
+  return _md(["layers dropped per round", "KL to the full model (calibration)", "KL (check prompts)",
+              "subsets scored (cost)", "dropped, in order"], body)
 
 
 def admission_table(real: dict, pair1: dict | None) -> str:

@@ -86,8 +86,10 @@ class LayerScorer:
     self._measure = _measure_fn(self.graphdef, logits_chunk)
     hidden = jax.jit(lambda state, *batch: response_hidden(nnx.merge(self.graphdef, state), *batch))
     self._full = [hidden(self.state, *batch) for batch in calibration.batches]
+    self.calls = 0  # subsets scored so far (each one forward over the calibration set)
 
   def __call__(self, keep_L: np.ndarray) -> float:
+    self.calls += 1
     total = count = 0.0
     for full, batch in zip(self._full, self.calibration.batches):
       t, c = self._measure(self.state, jnp.asarray(keep_L, bool), full, *batch)
@@ -118,7 +120,7 @@ def choose_layers(model, calibration: CalibrationSet, keep_layers: int, logits_c
                 for layer in cheapest]
     log(f"dropped layers {cheapest}: KL to the full model {kl:.4f} with {int(keep_L.sum())} layers left")
   return {"kept": [int(i) for i in np.flatnonzero(keep_L)], "dropped": dropped, "kl_to_source": kl,
-          "kl_alone": {str(k): v for k, v in sorted(alone.items())}}
+          "kl_alone": {str(k): v for k, v in sorted(alone.items())}, "subsets_scored": scorer.calls}
 
 
 def pruned_model(model: Decoder, kept: list[int]) -> Decoder:
