@@ -54,6 +54,29 @@ def token_map(fn: Callable[[dict], dict], arrays: dict, chunk: int) -> dict:
   return jax.tree.map(merge, outputs)
 
 
+def split_rows(tree, micro_batch_size: int):
+  """[B, ...] leaves -> [n, M, ...]: micro-batch j holds rows j, n + j, 2n + j, ..., so each device's rows of a
+  batch-sharded array spread evenly over the micro-batches."""
+  def split(x):
+    n = x.shape[0] // micro_batch_size
+    return jnp.swapaxes(x.reshape(micro_batch_size, n, *x.shape[1:]), 0, 1)
+  return jax.tree.map(split, tree)
+
+
+def merge_rows(tree):
+  """Inverse of split_rows: [n, M, ...] -> [B, ...]."""
+  return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
+def row_map(fn: Callable, arrays: tuple, micro_batch_size: int):
+  """fn(*arrays) computed `micro_batch_size` rows at a time (a lax.map over split_rows), outputs merged back to
+  [B, ...]; rows are independent, so only the peak memory changes. 0 or >= B: one call on the whole batch."""
+  B = jax.tree.leaves(arrays)[0].shape[0]
+  if not micro_batch_size or micro_batch_size >= B:
+    return fn(*arrays)
+  return merge_rows(jax.lax.map(lambda xs: fn(*xs), split_rows(arrays, micro_batch_size)))
+
+
 def gather_logp(logp_BxCxV: jax.Array, tokens_BxC: jax.Array) -> jax.Array:
   """logp at the given tokens, [B, C]."""
   return jnp.take_along_axis(logp_BxCxV, tokens_BxC[..., None].astype(jnp.int32), axis=-1)[..., 0]

@@ -21,6 +21,7 @@ import optax
 from jax.sharding import Mesh
 
 from opd_jax.models import sharding as shard_lib
+from opd_jax.objectives.chunked import row_map
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
@@ -36,7 +37,7 @@ class RunSettings:
   rollout: RolloutConfig
   objective: ObjectiveConfig
   logits_chunk: int  # tokens (rows x positions) per vocabulary chunk; 0 = all at once
-  micro_batch_size: int  # rows per gradient-accumulation pass; 0 = the whole batch
+  micro_batch_size: int  # rows per pass of the train step, teacher scoring and evaluation KL; 0 = the whole batch
   sampler_top_k: int  # top-k log-probs the rollout sampler returns (vocabulary mismatch metrics); 0 = none
   group_size: int  # responses per distinct prompt
   eos_ids: tuple[int, ...]
@@ -52,18 +53,26 @@ class RunSettings:
                bool(t.eval_sampled))
 
 
-def teacher_score_program(teacher_graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int):
+def _scoring(graphdef, micro_batch_size: int, **options):
+  """jit (state, prompt, valid, response, mask) -> Scores, `micro_batch_size` rows at a time (0 = all)."""
+  def program(state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
+    one = lambda *rows: score(graphdef, state, *rows, **options)
+    return row_map(one, (prompt_BxP, valid_BxP, response_BxR, mask_BxR), micro_batch_size)
+  return jax.jit(program)
+
+
+def teacher_score_program(teacher_graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int,
+                          micro_batch_size: int = 0):
   """jit (teacher_state, prompt, valid, response, mask) -> Scores: the sampled tokens' log-probs, plus the final
-  hidden states / top-k the objective needs of the teacher."""
+  hidden states / top-k the objective needs of the teacher; `micro_batch_size` rows at a time, like the step."""
   top_k = objective.top_k if objective.needs_teacher_topk else 0
-  return jax.jit(functools.partial(score, teacher_graphdef, temperature=temperature, logits_chunk=logits_chunk,
-                                   return_hidden=objective.needs_teacher_hidden, top_k=top_k,
-                                   top_k_temperature=objective.temperature))
+  return _scoring(teacher_graphdef, micro_batch_size, temperature=temperature, logits_chunk=logits_chunk,
+                  return_hidden=objective.needs_teacher_hidden, top_k=top_k, top_k_temperature=objective.temperature)
 
 
-def student_score_program(graphdef, temperature: float, logits_chunk: int):
+def student_score_program(graphdef, temperature: float, logits_chunk: int, micro_batch_size: int = 0):
   """jit (state, prompt, valid, response, mask) -> Scores of a learner version (the mismatch split's dense copy)."""
-  return jax.jit(functools.partial(score, graphdef, temperature=temperature, logits_chunk=logits_chunk))
+  return _scoring(graphdef, micro_batch_size, temperature=temperature, logits_chunk=logits_chunk)
 
 
 def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTransformation, settings: RunSettings,
@@ -128,11 +137,14 @@ def build(settings: RunSettings, *, graphdef, teacher_graphdef, state, teacher_s
       state_shardings=state_shardings, teacher_shardings=teacher_shardings, weight_sync=weight_sync,
       sampler=rollout_sampler(graphdef, settings, weight_sync),
       teacher_score=teacher_score_program(teacher_graphdef, settings.objective, settings.rollout.temperature,
-                                          settings.logits_chunk),
-      student_score=student_score_program(graphdef, settings.rollout.temperature, settings.logits_chunk),
+                                          settings.logits_chunk, settings.micro_batch_size),
+      student_score=student_score_program(graphdef, settings.rollout.temperature, settings.logits_chunk,
+                                          settings.micro_batch_size),
       train_step=train_step_program(graphdef, teacher_graphdef, optimizer, settings, state_shardings=state_shardings,
                                     teacher_shardings=teacher_shardings, mesh=mesh),
       eval_samplers=eval_samplers(graphdef, settings),
       teacher_greedy=eval_samplers(teacher_graphdef, dataclasses.replace(settings, eval_sampled=False))[""],
-      eval_reverse_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "reverse"),
-      eval_forward_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "forward"))
+      eval_reverse_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "reverse",
+                                 settings.micro_batch_size),
+      eval_forward_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "forward",
+                                 settings.micro_batch_size))

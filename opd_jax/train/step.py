@@ -34,7 +34,7 @@ from flax import nnx
 
 from opd_jax.errors import InputError
 from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
-from opd_jax.objectives.chunked import gather_logp, tempered_log_softmax, token_map
+from opd_jax.objectives.chunked import gather_logp, merge_rows, split_rows, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact, divergence_topk,
                                        effective_sample_size, group_advantages, masked_mean)
@@ -104,20 +104,6 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
   return token_map(per_chunk, arrays, logits_chunk)
 
 
-def _split_micro(tree, micro_batch_size: int):
-  """[B, ...] leaves -> [n, M, ...]: micro-batch j holds rows j, n + j, 2n + j, ..., so each device's rows of a
-  batch-sharded array spread evenly over the micro-batches."""
-  def split(x):
-    n = x.shape[0] // micro_batch_size
-    return jnp.swapaxes(x.reshape(micro_batch_size, n, *x.shape[1:]), 0, 1)
-  return jax.tree.map(split, tree)
-
-
-def _merge_micro(tree):
-  """Inverse of _split_micro: [n, M, ...] -> [B, ...]."""
-  return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), tree)
-
-
 def train_step(graphdef, optimizer: optax.GradientTransformation, objective: ObjectiveConfig,
                temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
                teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
@@ -158,7 +144,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   if M == B:
     (loss, (aux, per_token)), grads = grad_fn(state.params, batch, advantage_B)
   else:
-    micro_batches = _split_micro((batch, advantage_B), M)
+    micro_batches = split_rows((batch, advantage_B), M)
     first = jax.tree.map(lambda x: x[0], micro_batches)
     (loss0, (aux0, _)), grads0 = jax.eval_shape(grad_fn, state.params, *first)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, aux0, grads0))
@@ -168,7 +154,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
       return jax.tree.map(jnp.add, total, (loss, aux, grads)), per_token
 
     (loss, aux, grads), per_token = jax.lax.scan(accumulate, zeros, micro_batches)
-    per_token = _merge_micro(per_token)
+    per_token = merge_rows(per_token)
   learner_logp_BxR = per_token.pop("learner_logp")
 
   grad_norm = optax.tree.norm(grads)
