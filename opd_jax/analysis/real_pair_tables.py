@@ -5,7 +5,7 @@ files under results/smollm2/ (how each is made is in README):
   depth/L<N>.jsonl                       step-0 evaluations of students pruned to N layers (train.steps=0)
   prune.json                             layer-selection schedules side by side (launch/bench_prune.py)
   admission.json, admission_pair1.json   admit.py --candidates --json rows, real pair and pair1
-  sensitivity_<precision>.json           launch/sensitivity.py on the real pair
+  sensitivity_<precision>.json           launch/sensitivity.py on the real pair (recipe_<precision>.json: its recipe)
   recipes.jsonl                          configs/sweeps/smollm2.py (recipes trained on the real pair)
 """
 
@@ -145,8 +145,11 @@ def tables(results_dir: str) -> dict[str, str]:
     pair1 = os.path.join(root, "admission_pair1.json")
     out["smollm2 admission"] = admission_table(read_json(os.path.join(root, "admission.json"), "admission file"),
                                                read_json(pair1, "admission file") if os.path.exists(pair1) else None)
-  scans = {p: read_json(os.path.join(root, f"sensitivity_{p}.json"), "sensitivity file")
-           for p in ("fp8", "int8", "int4", "int3") if os.path.exists(os.path.join(root, f"sensitivity_{p}.json"))}
+  scans = {}
+  for name in sorted(os.listdir(root)):
+    if name.startswith("sensitivity_") and name.endswith(".json"):
+      scan = read_json(os.path.join(root, name), "sensitivity file")
+      scans[scan["precision"]] = scan
   if scans:
     out["smollm2 sensitivity"] = sensitivity_table(scans)
   if os.path.exists(os.path.join(root, "recipes.jsonl")):
