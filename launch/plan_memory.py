@@ -42,7 +42,8 @@ _BATCH = flags.DEFINE_integer("batch", 64, "Responses per train step (B).")
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 256, "Prompt length (P).")
 _RESPONSE = flags.DEFINE_integer("response_tokens", 1024, "Response length / max new tokens (R).")
 _MEMORY = flags.DEFINE_float("device_memory_gb", 80.0, "Memory of one device in GiB (2**30 bytes).")
-_DEVICES = flags.DEFINE_integer("devices", 1, "Simulated devices in the mesh.")
+_DEVICES = flags.DEFINE_integer("devices", 1, "Simulated devices in the mesh (with --config: the devices its mesh "
+                                "and rollout placement name, unless given).")
 _FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "fsdp axis size (data = devices / (fsdp * tensor)).")
 _TENSOR = flags.DEFINE_integer("mesh_tensor", 1, "tensor axis size.")
 _WEIGHTS = flags.DEFINE_string("weights", "none", "Sampler weight recipe: none | bf16 | int8 | fp8.")
@@ -72,13 +73,20 @@ _OVERRIDES = {"batch": "batch_size", "prompt_tokens": "prompt_tokens", "response
               "split_mismatch": "split_mismatch"}
 
 
+def _devices() -> int:
+  if _CONFIG.value is not None and not flags.FLAGS["devices"].present:
+    from opd_jax.analysis.memory_plan import devices_of_config  # jax reads XLA_FLAGS at backend start, not at import
+    return devices_of_config(_CONFIG.value)
+  return _DEVICES.value
+
+
 def plan_of_config(mp):
   """PlanConfig of the --config run, shapes from the config's model paths (or --teacher / --student)."""
   import dataclasses
   config = _CONFIG.value
   shapes = {role: mp.resolve_model(flag.value or config[role], f"--{role}" if flag.value else f"config.{role}")
             for role, flag in (("teacher", _TEACHER), ("student", _STUDENT))}
-  plan = mp.PlanConfig.from_config(config, shapes["teacher"], shapes["student"], devices=_DEVICES.value,
+  plan = mp.PlanConfig.from_config(config, shapes["teacher"], shapes["student"], devices=_devices(),
                                    device_memory_bytes=int(_MEMORY.value * mp.GIB))
   given = {field: flags.FLAGS[name].value for name, field in _OVERRIDES.items() if flags.FLAGS[name].present}
   return dataclasses.replace(plan, **given) if given else plan
@@ -121,7 +129,7 @@ def run() -> None:
 def main(argv):
   del argv
   # Simulated devices must be configured before jax is imported (quiet_logs imports it).
-  flag = f"--xla_force_host_platform_device_count={_DEVICES.value}"
+  flag = f"--xla_force_host_platform_device_count={_devices()}"
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   _cli.quiet_logs()

@@ -124,3 +124,20 @@ def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
   assert (plan.student_param_dtype, plan.student_compute_dtype, plan.teacher_dtype, plan.teacher_compute_dtype) == (
       config.student_param_dtype, config.student_compute_dtype, config.teacher_param_dtype,
       config.teacher_compute_dtype)
+
+
+def test_the_planner_simulates_the_devices_the_config_names():
+  """plan_memory --config simulates the mesh the run would build: learner data x fsdp x tensor, plus the
+  sampler's own devices when disaggregated (data=-1 means 'the rest', one way at least)."""
+  import ml_collections
+  from opd_jax.analysis.memory_plan import devices_of_config
+
+  def config(data, fsdp, tensor, placement="colocated", devices=0):
+    return ml_collections.ConfigDict({"mesh": {"data": data, "fsdp": fsdp, "tensor": tensor},
+                                      "rollout": {"placement": placement, "devices": devices}})
+
+  assert devices_of_config(config(-1, 1, 1)) == 1
+  assert devices_of_config(config(-1, 8, 1)) == 8
+  assert devices_of_config(config(2, 2, 2)) == 8
+  assert devices_of_config(config(-1, 4, 1, "disaggregated", 4)) == 8
+  assert devices_of_config(config(-1, 4, 1, "colocated", 4)) == 4

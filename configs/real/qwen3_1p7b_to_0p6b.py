@@ -15,5 +15,5 @@ from common import real_config  # noqa: E402
 
 def get_config(arg=None):
   c = real_config("qwen3_1p7b_to_0p6b", arg, teacher_shape="qwen3-1.7b", student_shape="qwen3-0.6b")
-  c.train.micro_batch_size = 8  # gradient accumulation over 8 passes of 8 rows (the planner's largest fit)
+  c.train.micro_batch_size = 8  # 8 passes of 8 rows; planned train step 18.0 GiB (55.2 at 64 rows: it fits either way)
   return c

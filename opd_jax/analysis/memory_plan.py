@@ -86,6 +86,14 @@ def resolve_model(name_or_dir: str, flag: str) -> ModelConfig:
                    f"known names: {', '.join(known_models())}")
 
 
+def devices_of_config(config) -> int:
+  """Devices a run config's mesh names: data (1 when -1, i.e. 'the rest') x fsdp x tensor for the learner, plus
+  the sampler's own devices when disaggregated. What launch/plan_memory.py --config simulates unless told."""
+  mesh, rollout = config.mesh, config.rollout
+  learner = max(mesh.data, 1) * max(mesh.fsdp, 1) * max(mesh.tensor, 1)
+  return learner + (max(rollout.devices, 0) if rollout.placement == "disaggregated" else 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
   """One run to plan. Errors name the launch flag (launch/plan_memory.py) that set the bad value."""

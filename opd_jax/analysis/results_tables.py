@@ -105,6 +105,25 @@ def corrections_table(prefix_shift: dict) -> str:
   return _md(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"], body)
 
 
+def plans_table(plans: dict[str, dict]) -> str:
+  """Per-device GiB (program total with residents) of each shipped real-scale config's plan
+  (launch/plan_memory.py --config=configs/real/<name>.py --json > results/plans/<name>.json)."""
+  names = sorted(plans)
+  programs = list(dict.fromkeys(p for name in names for p in plans[name]["program_totals"]))
+  gib = lambda x: f"{x / 2**30:.2f}"
+  body = [[p] + [gib(plans[n]["program_totals"][p]) if p in plans[n]["program_totals"] else "-" for n in names]
+          for p in programs]
+  compile_s = lambda n: sum(d["compile_seconds"] for d in plans[n]["program_details"].values())
+  verdict = lambda n: (f"{'fits' if plans[n]['fits'] else 'does not fit'} "
+                       f"{plans[n]['device_memory_bytes'] / 2**30:.0f} GiB x {plans[n]['learner_devices']}, "
+                       f"micro-batch {plans[n]['micro_batch_used']}")
+  body.append(["compile (s, all programs)"] + [f"{compile_s(n):.0f}" for n in names])
+  body.append(["verdict"] + [verdict(n) for n in names])
+  header = ["program (GiB per device)"] + [f"configs/real/{n}.py" for n in names]
+  return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                   + ["| " + " | ".join(row) + " |" for row in body])
+
+
 def all_tables(results_dir: str) -> dict[str, str]:
   """Title -> markdown table for every result file present in `results_dir` (the README's order)."""
   tables = {}
@@ -127,5 +146,11 @@ def all_tables(results_dir: str) -> dict[str, str]:
   prefix_path = os.path.join(results_dir, "prefix_shift_pair1.json")
   if os.path.exists(prefix_path):
     tables["corrections (prefix shift, pair1)"] = corrections_table(read_json(prefix_path, "prefix-shift file"))
+  plans_dir = os.path.join(results_dir, "plans")
+  if os.path.isdir(plans_dir):
+    plans = {f[:-len(".json")]: read_json(os.path.join(plans_dir, f), "plan file")
+             for f in sorted(os.listdir(plans_dir)) if f.endswith(".json")}
+    if plans:
+      tables["real-scale plans"] = plans_table(plans)
   tables.update(real_pair_tables.tables(results_dir))
   return tables
