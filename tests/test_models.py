@@ -166,6 +166,22 @@ def test_unsupported_dtype(tiny_checkpoints):
     load_pretrained(tiny_checkpoints["qwen3"], dtype=jnp.float16)
 
 
+def test_float64_compute_is_a_reference_that_needs_x64(tiny_checkpoints):
+  """float64 compute (the parity scripts' reference forward) is refused unless jax_enable_x64 is on, and with it
+  on matches the float32 forward to float32 rounding."""
+  with pytest.raises(CheckpointError, match="float64 needs jax_enable_x64"):
+    load_pretrained(tiny_checkpoints["qwen3"], compute_dtype=jnp.float64)
+  jax.config.update("jax_enable_x64", True)
+  try:
+    reference = load_pretrained(tiny_checkpoints["qwen3"], compute_dtype=jnp.float64)
+    ids = jnp.asarray([[1, 5, 9, 3, 7]], jnp.int32)
+    assert reference.embed_tokens.embedding.get_value().dtype == jnp.float32  # the stored weights stay float32
+    np.testing.assert_allclose(np.asarray(reference(ids)), np.asarray(load_pretrained(tiny_checkpoints["qwen3"])(ids)),
+                               atol=1e-4)
+  finally:
+    jax.config.update("jax_enable_x64", False)
+
+
 def test_no_safetensors(tiny_checkpoints, tmp_path):
   path = _copy(tiny_checkpoints["qwen3"], tmp_path)
   os.remove(os.path.join(path, "model.safetensors"))

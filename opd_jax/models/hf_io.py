@@ -108,7 +108,13 @@ def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
   (see opd_jax.models.tokenizer_compat). None: the checkpoint's own vocabulary.
   """
   param_dtype = SUPPORTED_DTYPES[canonical_dtype(dtype)]
-  compute_dtype = SUPPORTED_DTYPES[canonical_dtype(compute_dtype or dtype)]
+  if compute_dtype is not None and jnp.dtype(compute_dtype) == jnp.float64:  # a reference forward (parity checks)
+    if not jax.config.jax_enable_x64:
+      raise CheckpointError("compute_dtype float64 needs jax_enable_x64; set jax.config.update('jax_enable_x64', "
+                            "True) before any array is made, or compute in float32")
+    compute_dtype = jnp.float64
+  else:
+    compute_dtype = SUPPORTED_DTYPES[canonical_dtype(compute_dtype or dtype)]
   config = read_hf_config(path)
   stored_vocab = config.vocab_size
   if vocab_size is not None:
