@@ -139,8 +139,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.stop_after_steps = 0  # end this process (checkpointed) after this many steps; 0 = run to train.steps
   c.train.target_accuracy = 0.0  # end the run (checkpointed) at the first evaluation with greedy accuracy >= this
   c.train.vocab_metrics_top_k = 64  # sampler top-k log-probs for vocab mismatch metrics; -1 = full vocab, 0 = off
-  # Tokens (rows x positions) per vocabulary chunk of logits, losses, metrics and scores: a float32 chunk of
-  # logits is logits_chunk x vocab x 4 bytes (0.3 GB at 512 x 151,936); 0 = whole batch at once.
+  # Tokens (rows x positions) per device per vocabulary chunk of logits, losses, metrics and scores: a float32
+  # chunk of logits is logits_chunk x vocab x 4 bytes on each device (0.3 GB at 512 x 151,936) at any batch size
+  # and device count (the whole batch's chunk is logits_chunk x the data x fsdp devices); 0 = whole batch at once.
   c.train.logits_chunk = 512
   c.train.micro_batch_size = 0  # rows per gradient-accumulation micro-batch (divides batch_size); 0 = whole batch
   c.train.progress_bar = True

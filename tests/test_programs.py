@@ -141,3 +141,19 @@ def test_the_planner_simulates_the_devices_the_config_names():
   assert devices_of_config(config(2, 2, 2)) == 8
   assert devices_of_config(config(-1, 4, 1, "disaggregated", 4)) == 8
   assert devices_of_config(config(-1, 4, 1, "colocated", 4)) == 4
+
+
+def test_logits_chunk_counts_tokens_per_device():
+  """train.logits_chunk is per device: the loop's and the planner's whole-batch chunk is it times the devices
+  the batch is split over (data x fsdp), so an fsdp-8 run's devices each get logits_chunk tokens per chunk."""
+  from configs import common
+  from opd_jax.analysis import memory_plan as mp
+  config = common.config_for("pair1")
+  config.mesh.fsdp = 8
+  shape = mp.resolve_model("qwen3-0.6b", "--student")
+  plan = mp.PlanConfig.from_config(config, shape, shape, devices=8, device_memory_bytes=mp.GIB)
+  rollout = RolloutConfig.from_config(config.rollout)
+  objective = ObjectiveConfig(**dict(config.objective))
+  loop = programs.RunSettings.from_config(config, rollout, objective, vocab_size=shape.vocab_size, group_size=1,
+                                          eos_ids=shape.eos_token_id, pad_id=0, batch_shards=8)
+  assert loop.logits_chunk == plan.settings().logits_chunk == 8 * config.train.logits_chunk

@@ -213,8 +213,9 @@ class PlanConfig:
     if not self.objective_fields:
       fields["group_size"] = self.group_size
     objective = ObjectiveConfig(**fields)
-    return programs.RunSettings(self.rollout(), objective, self.logits_chunk, micro, self.sampler_top_k,
-                                self.group_size, tuple(self.student.eos_token_id), 0, self.eval_sampled)
+    return programs.RunSettings(self.rollout(), objective, self.logits_chunk * self.batch_shards, micro,
+                                self.sampler_top_k, self.group_size, tuple(self.student.eos_token_id), 0,
+                                self.eval_sampled)
 
   @property
   def disaggregated(self) -> bool:

@@ -223,7 +223,8 @@ def train(config, workdir: str) -> dict:
   # version, recipe applied on the learner's devices, then resharded onto the sampler's mesh), teacher scoring,
   # evaluation samplers and KL.
   settings = programs.RunSettings.from_config(config, rollout, objective, vocab_size=student.config.vocab_size,
-                                              group_size=group, eos_ids=eos_ids, pad_id=pad_id)
+                                              group_size=group, eos_ids=eos_ids, pad_id=pad_id,
+                                              batch_shards=mesh.shape["data"] * mesh.shape["fsdp"])
   run = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
                        teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
                        compute_dtype=student.dtype)
@@ -232,7 +233,7 @@ def train(config, workdir: str) -> dict:
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
                              teacher_state=teacher_state, rollout=rollout, sampler=run.sampler, objective=objective,
                              put_batch=put_batch, put_sampler_batch=put_sampler_batch, learner_rows=batch_sharding,
-                             seed=config.seed, logits_chunk=t.logits_chunk,
+                             seed=config.seed, logits_chunk=settings.logits_chunk,
                              reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems)
                              if objective.prompts_per_batch_divisor > 1 else None, group_size=group,
                              teacher_score=run.teacher_score, student_score=run.student_score)

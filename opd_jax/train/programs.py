@@ -36,7 +36,7 @@ class RunSettings:
   """What the programs depend on besides models, parameters and meshes."""
   rollout: RolloutConfig
   objective: ObjectiveConfig
-  logits_chunk: int  # tokens (rows x positions) per vocabulary chunk; 0 = all at once
+  logits_chunk: int  # tokens (rows x positions) per vocabulary chunk of the whole batch; 0 = all at once
   micro_batch_size: int  # rows per pass of the train step, teacher scoring and evaluation KL; 0 = the whole batch
   sampler_top_k: int  # top-k log-probs the rollout sampler returns (vocabulary mismatch metrics); 0 = none
   group_size: int  # responses per distinct prompt
@@ -46,11 +46,14 @@ class RunSettings:
 
   @classmethod
   def from_config(cls, config, rollout: RolloutConfig, objective: ObjectiveConfig, *, vocab_size: int,
-                  group_size: int, eos_ids: tuple[int, ...], pad_id: int) -> "RunSettings":
+                  group_size: int, eos_ids: tuple[int, ...], pad_id: int, batch_shards: int = 1) -> "RunSettings":
+    """batch_shards: devices the learner's batch is split over (mesh data x fsdp). config.train.logits_chunk
+    counts tokens per device, so a chunk of the whole batch is batch_shards times that: each device's slice of
+    a chunk stays logits_chunk tokens at any batch size and device count."""
     t = config.train
     top_k = vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
-    return cls(rollout, objective, t.logits_chunk, t.micro_batch_size, top_k, group_size, tuple(eos_ids), pad_id,
-               bool(t.eval_sampled))
+    return cls(rollout, objective, t.logits_chunk * batch_shards, t.micro_batch_size, top_k, group_size,
+               tuple(eos_ids), pad_id, bool(t.eval_sampled))
 
 
 def _scoring(graphdef, micro_batch_size: int, **options):
