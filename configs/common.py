@@ -132,6 +132,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # Also score the teacher's greedy held-out responses (made once, graded as eval/teacher_accuracy) with the
   # student: eval/teacher_forced_kl = KL(teacher || student) at the teacher's own prefixes.
   c.train.eval_teacher_forced = False
+  # Which weights the evaluation decodes with: "learner" (its parameters as they are, on the learner's mesh: the
+  # policy being trained) | "sampler" (the rollout engine's synced weights, recipe applied, on the sampler's
+  # mesh: what a deployment with this engine would answer). The reverse KL is always the learner's.
+  c.train.eval_weights = "learner"
   c.train.eval_samples = 4  # held-out prompts whose greedy responses each evaluation writes to samples.jsonl
   c.train.checkpoint_every = 100  # steps between orbax checkpoints (and one at the end)
   c.train.keep_checkpoints = 2

@@ -236,6 +236,31 @@ def test_disaggregated_async_on_four_plus_four_devices_logs_and_resumes(tiny_pai
   assert {index for index, _, _ in seen} >= {0, 1, 2, 3, 4, 5}  # the resumed producer starts at batch 4
 
 
+def test_evaluation_on_the_sampler_mesh_equals_the_learners(tiny_pair, tmp_path, monkeypatch):
+  """train.eval_weights='sampler' decodes on the rollout engine's devices (0-3 of a 4 + 4 disaggregated run)
+  with its synced weights; with no recipe those are the learner's (float32), so every evaluation number equals
+  the learner-mesh evaluation's (greedy and sampled tokens alike; the reverse KL to float32 rounding)."""
+  from opd_jax.train import evaluation
+  seen, evaluate = [], evaluation.evaluate
+
+  def recording(sampler, state, *args, sampler_state=None, **kwargs):
+    if sampler_state is not None:
+      seen.append(frozenset(d.id for leaf in jax.tree.leaves(sampler_state) for d in leaf.devices()))
+    return evaluate(sampler, state, *args, sampler_state=sampler_state, **kwargs)
+
+  monkeypatch.setattr(evaluation, "evaluate", recording)
+  base = {"rollout.placement": "disaggregated", "rollout.devices": 4, "train.steps": 0, "train.eval_sampled": True,
+          "train.eval_size": 16, "train.eval_batch_size": 8}
+  train(_config(tiny_pair, **base), str(tmp_path / "learner"))
+  assert not seen
+  train(_config(tiny_pair, **base, **{"train.eval_weights": "sampler"}), str(tmp_path / "sampler"))
+  assert seen and set(seen) == {frozenset({0, 1, 2, 3})}
+  learner, sampler = (next(r for r in _rows(tmp_path / name) if "eval/accuracy" in r) for name in ("learner", "sampler"))
+  for key in ("eval/accuracy", "eval/response_tokens", "eval/accuracy_sampled", "eval/response_tokens_sampled"):
+    assert sampler[key] == learner[key], key
+  assert sampler["eval/reverse_kl"] == pytest.approx(learner["eval/reverse_kl"], rel=1e-5)
+
+
 def test_grpo_producer_groups_prompts_and_a_step_follows_the_advantage(tiny_pair):
   student, teacher = load_pretrained(tiny_pair["student"]), load_pretrained(tiny_pair["teacher"])
   graphdef, params = nnx.split(student)
@@ -289,6 +314,10 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
     ({"train.batch_size": 12}, r"train.batch_size=12 is not divisible by the mesh's batch ways data\*fsdp=8\*1"),
     ({"rollout.kv_cache": "int2"}, "kv cache dtype 'int2'"),
     ({"train.mode": "eager"}, "train.mode"),
+    ({"train.eval_weights": "teacher"}, "train.eval_weights must be one of"),
+    ({"train.eval_weights": "sampler", "rollout.placement": "disaggregated", "rollout.devices": 5,
+      "train.batch_size": 15, "train.eval_batch_size": 6},
+     r"train.eval_batch_size=6 is not divisible by the sampler's batch ways 5"),
     ({"data.source": "jsonl"}, "data.train_file=''"),
     ({"student": "/nonexistent/student"}, "'/nonexistent/student' does not exist"),
     ({"train.steps": -1}, "train.steps must be an integer >= 0"),

@@ -132,6 +132,7 @@ class PlanConfig:
   group_size: int = 1  # responses per prompt (rollout.samples_per_prompt, or grpo's group_size)
   eval_batch_size: int = 0  # train.eval_batch_size: rows per evaluation program; 0 = batch_size
   eval_sampled: bool = True  # train.eval_sampled
+  eval_weights: str = "learner"  # train.eval_weights: learner (learner mesh) | sampler (synced, sampler mesh)
   weight_rules: tuple = ()  # rollout.weight_rules: explicit (regex, precision) rules (a sensitivity recipe)
   noise_sigma: float = 0.0  # rollout.noise_sigma (the weight sync adds the noise)
   sampling_top_k: int = 0  # rollout.top_k / top_p: the sampler's filters (top-p sorts the vocabulary)
@@ -158,6 +159,7 @@ class PlanConfig:
                scan_layers=config.model.scan_layers, temperature=r.temperature,
                sampler_top_k=student.vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k,
                group_size=group, eval_batch_size=t.eval_batch_size, eval_sampled=bool(t.eval_sampled),
+               eval_weights=t.eval_weights,
                weight_rules=tuple(tuple(rule) for rule in r.weight_rules), noise_sigma=r.noise_sigma,
                sampling_top_k=r.top_k, sampling_top_p=r.top_p, objective_fields=tuple(sorted(dict(o).items())))
 
@@ -215,7 +217,7 @@ class PlanConfig:
     objective = ObjectiveConfig(**fields)
     return programs.RunSettings(self.rollout(), objective, self.logits_chunk * self.batch_shards, micro,
                                 self.sampler_top_k, self.group_size, tuple(self.student.eos_token_id), 0,
-                                self.eval_sampled)
+                                self.eval_sampled, self.eval_weights)
 
   @property
   def disaggregated(self) -> bool:
@@ -309,16 +311,21 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
-  E = plan.eval_batch_size or B  # evaluation: the learner's own weights, eval_batch_size rows at a time
+  E = plan.eval_batch_size or B  # evaluation: eval_batch_size rows at a time
   eval_tokens = tuple(_abstract((E, *t.shape[1:]), t.dtype, rows) for t in tokens)
   learner_key = _abstract((), key.dtype, NamedSharding(mesh, PartitionSpec()))
+  if plan.eval_weights == "sampler":  # decodes with the synced weights on the sampler's mesh
+    eval_decode = (sampler_params, _abstract((E, P), jnp.int32, s_rows), _abstract((E, P), jnp.bool_, s_rows), key)
+    eval_decode_pools = ("sampler_weights",)
+  else:  # the learner's own weights on its mesh
+    eval_decode, eval_decode_pools = (state.params, *eval_tokens[:2], learner_key), ("learner_params",)
   programs_by_name = {
       "sampler": Program(run.sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
       "teacher_score": Program(run.teacher_score, (t_params, *tokens), ("teacher_params",)),
       "train_step": Program(run.train_step, (state, batch, t_params),
                             ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
-      "eval_sampler": Program(run.eval_samplers[""]._fn, (state.params, *eval_tokens[:2], learner_key),
-                              ("learner_params",)),
+      "eval_sampler": Program(run.eval_samplers[""]._fn, eval_decode, eval_decode_pools,
+                              "sampler" if plan.eval_weights == "sampler" else "learner"),
       "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
                                  ("learner_params", "teacher_params")),
   }

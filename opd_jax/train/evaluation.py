@@ -88,33 +88,41 @@ class Responses:
 
 def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
              batch_size: int, key: jax.Array, use_chat_template: bool = False, put: Callable = lambda x: x,
-             kl_fn=None, teacher_state=None, keep: Responses | None = None) -> dict[str, float]:
+             kl_fn=None, teacher_state=None, keep: Responses | None = None, sampler_state=None,
+             put_sampler: Callable | None = None) -> dict[str, float]:
   """Accuracy (over the problems with an answer), mean response tokens and, given kl_fn (a `make_kl_fn`
-  function, called with `teacher_state`), its token mean as "kl".
+  function, called with `state` and `teacher_state`), its token mean as "kl".
 
   Problems are processed in batches of `batch_size` (the last one padded by repeating, then dropped); `put`
-  places each input batch (e.g. onto a sharded mesh). `keep` collects the responses and texts.
+  places each input batch (e.g. onto a sharded mesh). `keep` collects the responses and texts. With
+  `sampler_state` and `put_sampler` the sampler decodes with those weights and placement (the rollout engine's
+  mesh) and its responses come back through the host onto `put`'s placement for kl_fn and `keep`.
   """
   correct, lengths, kl_sum, kl_count = [], [], 0.0, 0.0
   for start in range(0, len(problems), batch_size):
     chunk = problems[start:start + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
-    prompts, valid = encode_prompts(tokenizer, padded, max_prompt_tokens, use_chat_template)
-    prompts, valid = put(prompts), put(valid)
+    host_prompts, host_valid = encode_prompts(tokenizer, padded, max_prompt_tokens, use_chat_template)
+    prompts, valid = put(host_prompts), put(host_valid)
     key, sub = jax.random.split(key)
-    out = sampler(state, prompts, valid, sub)
     weight = np.zeros((batch_size, 1), np.float32)
     weight[:len(chunk)] = 1.0
-    mask = out.mask_BxN * put(weight)
+    if put_sampler is None:
+      out = sampler(state if sampler_state is None else sampler_state, prompts, valid, sub)
+      tokens, host_mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
+      response, mask = out.tokens_BxN, out.mask_BxN * put(weight)
+    else:  # decoded on the sampler's mesh; the learner-side programs get the responses through the host
+      out = sampler(sampler_state, put_sampler(host_prompts), put_sampler(host_valid), sub)
+      tokens, host_mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
+      response, mask = put(np.asarray(tokens)), put(np.asarray(host_mask) * weight)
     if kl_fn is not None:
-      total, count = kl_fn(state, teacher_state, prompts, valid, out.tokens_BxN, mask)
+      total, count = kl_fn(state, teacher_state, prompts, valid, response, mask)
       kl_sum, kl_count = kl_sum + float(total), kl_count + float(count)
-    tokens, host_mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
     texts = decode_responses(tokenizer, tokens, host_mask)[:len(chunk)]
     correct += [ok for ok in (grade(t, p) for t, p in zip(texts, chunk)) if ok is not None]
     lengths += list(np.asarray(host_mask).sum(1)[:len(chunk)])
     if keep is not None:
-      keep.batches.append((prompts, valid, out.tokens_BxN, mask))
+      keep.batches.append((prompts, valid, response, mask))
       keep.texts += texts
   result = {"response_tokens": float(np.mean(lengths))}
   if correct:

@@ -34,6 +34,7 @@ from opd_jax.train.step import TrainState
 from opd_jax.train.workdir_lock import WorkdirLock
 
 MODES = ("sync", "async")
+EVAL_WEIGHTS = ("learner", "sampler")  # train.eval_weights: what the evaluation decodes with
 
 
 def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig, ObjectiveConfig, PairVocab]:
@@ -83,6 +84,11 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
   if t.batch_size % sampler_rows:
     raise InputError(f"train.batch_size={t.batch_size} is not divisible by the sampler's batch ways "
                      f"{sampler_rows} (its devices / rollout.tensor_parallel); change one of them")
+  if t.eval_weights not in EVAL_WEIGHTS:
+    raise InputError(f"train.eval_weights must be one of {EVAL_WEIGHTS}, got {t.eval_weights!r}")
+  if t.eval_weights == "sampler" and t.eval_batch_size % sampler_rows:
+    raise InputError(f"train.eval_batch_size={t.eval_batch_size} is not divisible by the sampler's batch ways "
+                     f"{sampler_rows} (train.eval_weights='sampler' decodes there); change one of them")
   if config.data.source not in ("arithmetic", "jsonl"):
     raise InputError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
   if config.data.source == "jsonl":
@@ -264,6 +270,9 @@ def train(config, workdir: str) -> dict:
     row, start = {}, time.time()
     common = dict(max_prompt_tokens=d.max_prompt_tokens, batch_size=t.eval_batch_size, use_chat_template=
                   d.use_chat_template, put=put_batch, key=jax.random.key(config.seed + 7))
+    # train.eval_weights='sampler': decode with the rollout engine's weights of this version on its mesh.
+    on_sampler = (dict(sampler_state=weight_sync(params, step), put_sampler=put_sampler_batch)
+                  if t.eval_weights == "sampler" else {})
     samples = []
     if t.eval_teacher_forced and not teacher_reference:
       teacher_reference.append(evaluation.Responses([], []))
@@ -273,7 +282,7 @@ def train(config, workdir: str) -> dict:
       samples += _sample_rows("teacher", heldout[:t.eval_samples], teacher_reference[0].texts)
     for suffix, eval_sampler in eval_samplers.items():
       kept = evaluation.Responses([], []) if not suffix else None
-      result = evaluation.evaluate(eval_sampler, params, tokenizer, heldout, **common, keep=kept,
+      result = evaluation.evaluate(eval_sampler, params, tokenizer, heldout, **common, **on_sampler, keep=kept,
                                    kl_fn=reverse_kl_fn if suffix == "_sampled" else None, teacher_state=teacher_state)
       if "kl" in result:
         row["eval/reverse_kl"] = result.pop("kl")

@@ -43,6 +43,7 @@ class RunSettings:
   eos_ids: tuple[int, ...]
   pad_id: int
   eval_sampled: bool  # evaluation also samples at temperature 1 (and measures the reverse KL there)
+  eval_weights: str = "learner"  # evaluation decodes with: learner (learner mesh) | sampler (synced, sampler mesh)
 
   @classmethod
   def from_config(cls, config, rollout: RolloutConfig, objective: ObjectiveConfig, *, vocab_size: int,
@@ -53,7 +54,7 @@ class RunSettings:
     t = config.train
     top_k = vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
     return cls(rollout, objective, t.logits_chunk * batch_shards, t.micro_batch_size, top_k, group_size,
-               tuple(eos_ids), pad_id, bool(t.eval_sampled))
+               tuple(eos_ids), pad_id, bool(t.eval_sampled), t.eval_weights)
 
 
 def _scoring(graphdef, micro_batch_size: int, **options):
@@ -97,13 +98,18 @@ def rollout_sampler(graphdef, settings: RunSettings, weight_sync: WeightSync) ->
   return Sampler(graphdef, sampling, mesh=weight_sync.mesh, state_shardings=weight_sync.shardings)
 
 
-def eval_samplers(graphdef, settings: RunSettings) -> dict[str, Sampler]:
-  """Evaluation samplers by metric suffix: "" greedy, "_sampled" temperature 1 (when evaluated); no knobs."""
+def eval_samplers(graphdef, settings: RunSettings, weight_sync: WeightSync | None = None) -> dict[str, Sampler]:
+  """Evaluation samplers by metric suffix: "" greedy, "_sampled" temperature 1 (when evaluated); no sampling
+  knobs. With settings.eval_weights == "sampler" they run on weight_sync's mesh with its synced layout."""
   greedy = SamplingConfig(max_new_tokens=settings.rollout.max_new_tokens, temperature=0.0,
                           eos_ids=settings.eos_ids, pad_id=settings.pad_id)
-  samplers = {"": Sampler(graphdef, greedy)}
+  on_sampler = settings.eval_weights == "sampler"
+  if on_sampler and weight_sync is None:
+    raise ValueError("eval_weights='sampler' needs the run's weight sync")
+  where = dict(mesh=weight_sync.mesh, state_shardings=weight_sync.shardings) if on_sampler else {}
+  samplers = {"": Sampler(graphdef, greedy, **where)}
   if settings.eval_sampled:
-    samplers["_sampled"] = Sampler(graphdef, dataclasses.replace(greedy, temperature=1.0))
+    samplers["_sampled"] = Sampler(graphdef, dataclasses.replace(greedy, temperature=1.0), **where)
   return samplers
 
 
@@ -145,8 +151,9 @@ def build(settings: RunSettings, *, graphdef, teacher_graphdef, state, teacher_s
                                           settings.micro_batch_size),
       train_step=train_step_program(graphdef, teacher_graphdef, optimizer, settings, state_shardings=state_shardings,
                                     teacher_shardings=teacher_shardings, mesh=mesh),
-      eval_samplers=eval_samplers(graphdef, settings),
-      teacher_greedy=eval_samplers(teacher_graphdef, dataclasses.replace(settings, eval_sampled=False))[""],
+      eval_samplers=eval_samplers(graphdef, settings, weight_sync),
+      teacher_greedy=eval_samplers(teacher_graphdef, dataclasses.replace(settings, eval_sampled=False,
+                                                                         eval_weights="learner"))[""],
       eval_reverse_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "reverse",
                                  settings.micro_batch_size),
       eval_forward_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "forward",
