@@ -34,10 +34,14 @@ def main(argv):
   _cli.log_devices()
   from opd_jax.errors import TrainingStopped
   from opd_jax.train.loop import train
+  from opd_jax.train.preemption import Preempted
   try:
     final = _cli.run_or_exit(lambda: train(config, workdir))
   except TrainingStopped as e:
     _cli.fail(e, code=1)
+  except Preempted as e:  # checkpointed at the step reached: one line, 128 + the signal's number
+    print(e, file=sys.stderr, flush=True)
+    sys.exit(e.status)
   finished = config.train.export_dtype and config.train.steps and not config.train.stop_after_steps  # at the end
   exported = f"; student exported to {workdir}/export" if finished else ""
   print(f"done: {workdir}/metrics.jsonl; final held-out accuracy {final.get('eval/accuracy', float('nan')):.3f}"

@@ -189,6 +189,37 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_reproduces_the_run(tiny
     train(other, str(resumed_dir))
 
 
+def test_sigterm_checkpoints_the_step_reached_and_the_resumed_run_matches(tiny_pair, tmp_path, monkeypatch):
+  """A SIGTERM during step 2's rollout: the step finishes, a checkpoint at step 2 is written (not only the
+  periodic ones at 3 and 6), Preempted carries exit status 143, the handlers are restored, and the resumed run's
+  rows equal an uninterrupted run's."""
+  import signal
+  from opd_jax.train.preemption import Preempted
+  train(_config(tiny_pair), str(tmp_path / "full"))
+  produce, signalled = RolloutProducer.produce, []
+
+  def preempting_produce(self, index, version, snapshot, prompts):
+    if index == 1 and not signalled:
+      signalled.append(index)
+      os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler would; the handler only records it
+    return produce(self, index, version, snapshot, prompts)
+
+  monkeypatch.setattr(RolloutProducer, "produce", preempting_produce)
+  previous = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(Preempted, match="SIGTERM received; stopped after step 2") as stopped:
+    train(_config(tiny_pair), str(tmp_path / "resumed"))
+  assert stopped.value.status == 143 and signal.getsignal(signal.SIGTERM) == previous
+  assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["2"]
+  assert not os.path.exists(tmp_path / "resumed" / "export")
+  train(_config(tiny_pair), str(tmp_path / "resumed"))
+  full, resumed = _rows(tmp_path / "full"), _rows(tmp_path / "resumed")
+  assert [r["step"] for r in full] == [r["step"] for r in resumed]
+  for a, b in zip(full, resumed):
+    for key in a:
+      if not key.startswith(("perf/", "eval/seconds", "time/")):
+        assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
+
+
 def test_second_trainer_on_a_live_workdir_is_refused(tiny_pair, tmp_path):
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(InputError, match=f"in use by pid {os.getpid()}"):

@@ -3,6 +3,7 @@ files under results/smollm2/ (how each is made is in README):
 
   run/metrics.jsonl, run/samples.jsonl   the main command's run (launch/train.py --config=configs/smollm2.py)
   depth/L<N>.jsonl                       step-0 evaluations of students pruned to N layers (train.steps=0)
+  depth/L<N>_prune.json                  the pruning record of that student (prune.json of its directory)
   prune.json                             layer-selection schedules side by side (launch/bench_prune.py)
   admission.json, admission_pair1.json   admit.py --candidates --json rows, real pair and pair1
   sensitivity_<precision>.json           launch/sensitivity.py on the real pair (recipe_<precision>.json: its recipe)
@@ -66,17 +67,19 @@ def samples_table(samples: list[dict], count: int = 3) -> str:
   return _md(["prompt", "teacher", f"pruned (step {steps[0]})", f"distilled (step {steps[-1]})"], body)
 
 
-def depth_table(results_dir: str) -> str:
-  """One row per student depth: its step-0 evaluation."""
+def depth_table(folder: str) -> str:
+  """One row per student depth: its step-0 evaluation, and its pruning's KL to the full model where shipped."""
   body = []
-  folder = os.path.join(results_dir, "depth")
   files = sorted((int(re.match(r"L(\d+)\.jsonl$", f).group(1)), f) for f in os.listdir(folder)
                  if re.match(r"L\d+\.jsonl$", f))
   for layers, name in files:
     row = _evals(read_jsonl(os.path.join(folder, name)))[0]
-    body.append([str(layers), _f(row["eval/reverse_kl"]), _f(row["eval/teacher_forced_kl"]),
-                 _pct(row.get("eval/accuracy")), _f(row["eval/response_tokens"], 1)])
-  return _md(["layers kept (of 30)", "reverse KL", "teacher-forced KL", "capitals accuracy", "response tokens"], body)
+    prune_path = os.path.join(folder, f"L{layers}_prune.json")
+    prune = read_json(prune_path, "pruning record") if os.path.exists(prune_path) else None
+    body.append([str(layers), _f(prune["kl_to_source"]) if prune else "-", _f(row["eval/reverse_kl"]),
+                 _f(row["eval/teacher_forced_kl"]), _pct(row.get("eval/accuracy")), _f(row["eval/response_tokens"], 1)])
+  return _md(["layers kept (of 30)", "pruning KL (calibration prompts)", "held-out reverse KL", "teacher-forced KL",
+              "capitals accuracy", "greedy response tokens"], body)
 
 
 def prune_table(prune: dict) -> str:
@@ -138,7 +141,7 @@ def tables(results_dir: str) -> dict[str, str]:
     out["smollm2 distillation"] = distillation_table(read_jsonl(os.path.join(run, "metrics.jsonl")))
     out["smollm2 samples"] = samples_table(read_jsonl(os.path.join(run, "samples.jsonl")))
   if os.path.isdir(os.path.join(root, "depth")):
-    out["smollm2 depth"] = depth_table(root)
+    out["smollm2 depth"] = depth_table(os.path.join(root, "depth"))
   if os.path.exists(os.path.join(root, "prune.json")):
     out["smollm2 pruning schedules"] = prune_table(read_json(os.path.join(root, "prune.json"), "prune file"))
   if os.path.exists(os.path.join(root, "admission.json")):

@@ -29,6 +29,7 @@ from opd_jax.train.data import PromptPipeline
 from opd_jax.train.export import export_student
 from opd_jax.train.logging import MetricsWriter
 from opd_jax.train.optimizer import make_optimizer, make_schedule
+from opd_jax.train.preemption import Preemption
 from opd_jax.train.rollouts import AsyncRollouts, Produced, RolloutProducer
 from opd_jax.train.step import TrainState
 from opd_jax.train.workdir_lock import WorkdirLock
@@ -303,6 +304,8 @@ def train(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   lock = WorkdirLock(workdir, enabled=distributed.is_main()).acquire()  # a second trainer here exits 2 at once
   checkpointer = writer = asynchronous = None
+  # SIGTERM / SIGINT from here on: finish the step in flight, checkpoint it, stop (opd_jax/train/preemption.py).
+  preemption = Preemption(enabled=jax.process_count() == 1).__enter__()
   try:
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
     start_step, restored_pending, resume_step = 0, [], None
@@ -390,7 +393,8 @@ def train(config, workdir: str) -> dict:
         eval_seconds += time.time() - eval_start
         interval_start += time.time() - eval_start  # evaluation time is not training throughput
         reached = bool(t.target_accuracy) and final.get("eval/accuracy", 0.0) >= t.target_accuracy
-      stopping = reached or (t.stop_after_steps and new_version - start_step >= t.stop_after_steps)
+      stopping = (reached or (t.stop_after_steps and new_version - start_step >= t.stop_after_steps)
+                  or preemption.requested())
       if new_version % t.checkpoint_every == 0 or done or stopping:
         saved_pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]  # JSON form
         checkpointer.save(new_version, {"train": state, "snapshots": snapshots.state_dict()},
@@ -401,10 +405,13 @@ def train(config, workdir: str) -> dict:
       if stopping:
         break
     skip_guard.flush()
+    if preemption.requested() and start_step < t.steps and new_version < t.steps:
+      raise preemption.stopped(new_version, checkpointer.directory)
     if t.export_dtype and start_step < t.steps and new_version == t.steps:  # the student as an HF checkpoint
       export_student(graphdef, state.params, config.student, os.path.join(workdir, "export"),
                      config.tokenizer or None, dtype=t.export_dtype)
   finally:
+    preemption.__exit__(None, None, None)
     if asynchronous is not None:
       asynchronous.close()
     if checkpointer is not None:
