@@ -53,12 +53,15 @@ def screen_candidates(start: float) -> bool:
       raise InputError(f"{flag} and --candidates do not mix; put {flag[2:]}=... into each candidate")
   if _DEVICE_GB.value <= 0:
     raise InputError(f"--device_memory_gb must be > 0, got {_DEVICE_GB.value:g}")
-  budget_file = read_budget(_BUDGET.value)
+  if _PROMPTS.value < 1:
+    raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")
   config = _CONFIG.value
-  admission.pick_budget(budget_file, config.pair, run_steps(config))
-  shape = resolve_model(_SHAPE.value, "--shape")
+  steps = run_steps(config)  # flags and config values first, then files
   listed = candidates.parse(_CANDIDATES.value)
   candidates.rollouts_for(config, listed)  # a bad candidate fails before any measuring
+  budget_file = read_budget(_BUDGET.value)
+  admission.pick_budget(budget_file, config.pair, steps)
+  shape = resolve_model(_SHAPE.value, "--shape")
   cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
   setup = time.time() - start
   rows = candidates.screen(cal, config, listed, budget_file, shape=shape, device_bytes=int(_DEVICE_GB.value * GIB),
@@ -88,7 +91,6 @@ def run() -> bool:
   from opd_jax.analysis.files import read_budget
   if _PROMPTS.value < 1:
     raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")
-  budget_file = read_budget(_BUDGET.value)  # checked before any measuring
   config = _CONFIG.value
   with config.unlocked():
     for value, field in ((_WEIGHTS.value, "weights"), (_KV.value, "kv_cache"), (_STALENESS.value, "staleness_steps"),
@@ -98,8 +100,10 @@ def run() -> bool:
   from opd_jax.screening import admission
   from opd_jax.screening.calibration import Calibration
   from opd_jax.rollout.config import RolloutConfig
-  rollout = RolloutConfig.from_config(config.rollout)
-  admission.pick_budget(budget_file, config.pair, run_steps(config))  # fail on a missing budget before any work
+  rollout = RolloutConfig.from_config(config.rollout)  # flags and config values first, then files
+  steps = run_steps(config)
+  budget_file = read_budget(_BUDGET.value)  # checked before any measuring
+  admission.pick_budget(budget_file, config.pair, steps)  # fail on a missing budget before any work
   cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
   rollout.validate_for(cal.params)
   measured = admission.measure_candidate(cal, config, rollout, _SEED.value)

@@ -77,6 +77,8 @@ CASES = [
     ("calibrate_holdout", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json", "--holdout=nope",
      "--holdout names points"),
     ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
+    ("calibrate_nothing_usable", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
+     "ok.jsonl (1 rows)"),
     # admit.py (the budget is checked before anything is measured)
     ("admit_budget_list", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
      "holds a JSON list"),
@@ -85,6 +87,11 @@ CASES = [
      "not valid JSON"),
     ("admit_prompts", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/budget.json", "--prompts=0",
      "--prompts=0"),
+    # a flag mistake and a file mistake together: the flag is named first (no I/O needed to find it)
+    ("admit_flag_before_file", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
+     "--staleness=-2", "staleness_steps must be an integer >= 0"),
+    ("admit_candidates_flag_before_file", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
+     "--candidates=weights=fp8", "--device_memory_gb=0", "--device_memory_gb must be > 0"),
     # report.py
     ("report_budget_truncated", "launch/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
      "--out={d}/report", "budget file"),

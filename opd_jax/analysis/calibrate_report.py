@@ -96,7 +96,14 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
   if unknown:
     raise InputError(f"--holdout names points that are in no results file: {', '.join(unknown)}")
   rows = [r for r in rows if r["point"] not in holdout]
-  result = build_budget(rows, tolerance=tolerance, relative=relative)
+  try:
+    result = build_budget(rows, tolerance=tolerance, relative=relative)
+  except InputError as e:
+    if "no pair has" not in str(e):
+      raise
+    read = ", ".join(f"{path} ({len(read_results(path))} rows)" for path in results_paths)
+    raise InputError(f"{e} in {read}; a budget needs finished sweep points of one pair with their baseline "
+                     "(launch/sweep.py writes them)") from None
   result.update(results=list(results_paths), holdout_points=holdout)
   budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]
   write_json(out, result)
