@@ -365,3 +365,20 @@ def test_checkpoint_meta_is_captured_at_save_time(tmp_path):
   with pytest.raises(TypeError, match="JSON serializable"):
     checkpointer.save(2, {"w": jnp.zeros(3)}, {"step": 2, "bad": jnp.ones(())})
   checkpointer.close()
+
+
+def test_a_second_signal_falls_through_to_the_previous_handler():
+  """The first SIGINT is only recorded; a second one does what the process did before (here: KeyboardInterrupt);
+  leaving the context restores the handler."""
+  import signal
+  from opd_jax.train.preemption import Preemption
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with Preemption() as preemption:
+      signal.raise_signal(signal.SIGINT)
+      assert preemption.requested() and preemption.stopped(7, "W").status == 130
+      with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  finally:
+    signal.signal(signal.SIGINT, outer)
