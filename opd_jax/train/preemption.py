@@ -56,7 +56,7 @@ class Preemption:
 
   def _restore(self) -> None:
     for s, previous in self._previous.items():
-      signal.signal(s, previous)
+      signal.signal(s, signal.SIG_DFL if previous is None else previous)  # None: a handler set outside Python
     self._previous = {}
 
   def __exit__(self, *exc) -> None:
