@@ -10,7 +10,6 @@ model to the pruned one on those calibration responses and on the full model's g
 over the calibration set; independent of the machine's load) and seconds. Writes nothing but --out.
 """
 
-import json
 import os
 import sys
 import time
@@ -70,9 +69,8 @@ def run():
     print(f"{schedule:>11} {row['kl_calibration']:>15.4f} {row['kl_check']:>9.4f} {row['subsets_scored']:>14} "
           f"{seconds:>8.0f}  {choice['kept']}", flush=True)
   if _OUT.value:
-    with open(_OUT.value + ".tmp", "w") as f:
-      json.dump({"model": _MODEL.value, "rows": rows}, f, indent=1)
-    os.replace(_OUT.value + ".tmp", _OUT.value)
+    from opd_jax.analysis.files import write_json  # .tmp then rename: never a half-written file
+    write_json(_OUT.value, {"model": _MODEL.value, "rows": rows})
 
 
 def main(argv):

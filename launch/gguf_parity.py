@@ -11,7 +11,6 @@ says how much of the difference is float32 rounding. Needs torch, accelerate and
 Exit code 2 on bad input (one `error:` line).
 """
 
-import json
 import os
 import sys
 
@@ -74,9 +73,8 @@ def run():
         f"(logits up to {max(r['logit_scale'] for r in rows):.1f}); from a float64 forward: opd_jax "
         f"{max(r['ours_vs_f64'] for r in rows):.2e}, transformers {max(r['hf32_vs_f64'] for r in rows):.2e}")
   if _OUT.value:
-    with open(_OUT.value + ".tmp", "w") as f:
-      json.dump({"gguf": _GGUF.value, "dtype": "float32", "rows": rows}, f, indent=1)
-    os.replace(_OUT.value + ".tmp", _OUT.value)
+    from opd_jax.analysis.files import write_json  # .tmp then rename: never a half-written file
+    write_json(_OUT.value, {"gguf": _GGUF.value, "dtype": "float32", "rows": rows})
 
 
 def main(argv):
