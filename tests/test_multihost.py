@@ -1,6 +1,8 @@
 """Multi-process training through jax.distributed: two CPU processes with two devices each log the same
-metrics (to 1e-4) as one process with four devices (same global mesh, same global batches)."""
+metrics (to 1e-4) as one process with four devices (same global mesh, same global batches), also when the
+two-process run is preempted and its newest checkpoint is then damaged."""
 
+import glob
 import json
 import os
 import socket
@@ -20,15 +22,16 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(pair, workdir, devices, *coordinator_processes_id):
+def _start(pair, workdir, devices, *coordinator_processes_id, sigterm_at=None):
   args = [sys.executable, "-m", "tests.multihost_worker", pair["teacher"], pair["student"], str(workdir),
           str(devices), *map(str, coordinator_processes_id)]
-  return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  env = dict(os.environ, **({"OPD_JAX_TEST_SIGTERM_AT": str(sigterm_at)} if sigterm_at is not None else {}))
+  return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def _finish(process) -> str:
+def _finish(process, status=0) -> str:
   output, _ = process.communicate(timeout=600)
-  assert process.returncode == 0, output[-3000:]
+  assert process.returncode == status, output[-3000:]
   return output
 
 
@@ -37,24 +40,56 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
-def test_two_processes_train_like_one(tiny_pair, tmp_path):
-  port = _free_port()
-  workers = [_start(tiny_pair, tmp_path / "two", 2, f"localhost:{port}", 2, i) for i in range(2)]
+def _flip_a_bit_in_the_largest_array_file(step_dir):
+  files = [f for f in glob.glob(os.path.join(step_dir, "arrays", "**", "*"), recursive=True) if os.path.isfile(f)]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.seek(os.path.getsize(largest) // 2)
+    byte = f.read(1)[0]
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte ^ 0x10]))
+
+
+def test_two_processes_train_like_one_through_preemption_and_a_damaged_checkpoint(tiny_pair, tmp_path):
+  """SIGTERM to process 1 during step 4: JAX's preemption service stops both processes at the same step with a
+  checkpoint there (exit 143, one line each). A bit then flipped in that checkpoint is found by one process
+  (each checks its share of the files), and both fall back to step 3 together. The finished run's metrics
+  equal one process's with four devices."""
+  port, two = _free_port(), tmp_path / "two"
+  workers = [_start(tiny_pair, two, 2, f"localhost:{port}", 2, i, sigterm_at=3 if i == 1 else None)
+             for i in range(2)]
   single = _start(tiny_pair, tmp_path / "one", 4)
+  preempted = [_finish(process, status=143) for process in workers]
+  stops = [[line for line in output.splitlines() if line.startswith("preempted: ")] for output in preempted]
+  assert all(len(lines) == 1 for lines in stops) and stops[0] == stops[1], stops
+  assert "a preemption notice (SIGTERM) reached this run; every process stopped" in stops[0][0]
+  checkpoints = sorted(os.listdir(two / "checkpoints"), key=int)
+  stopped_at = int(checkpoints[-1])
+  assert checkpoints == ["3", str(stopped_at)] and 4 <= stopped_at < 6 and f"after step {stopped_at} " in stops[0][0]
+  assert max(r["step"] for r in _rows(two)) == stopped_at
+
+  _flip_a_bit_in_the_largest_array_file(str(two / "checkpoints" / str(stopped_at)))
+  port = _free_port()
+  workers = [_start(tiny_pair, two, 2, f"localhost:{port}", 2, i) for i in range(2)]
   outputs = [_finish(process) for process in workers + [single]]
   assert all("processes=2 devices=4" in output for output in outputs[:2]) and "processes=1 devices=4" in outputs[2]
-  one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
-  assert [r["step"] for r in two] == [r["step"] for r in one] and len(one) >= 6
+  warnings = [line for line in outputs[0].splitlines() if line.startswith("warning: checkpoint")]
+  assert len(warnings) == 1 and f"step {stopped_at} " in warnings[0] and "falling back to step 3" in warnings[0]
+  assert "does not match its checksum" in warnings[0], warnings
+  assert not any(line.startswith("warning: checkpoint") for line in outputs[1].splitlines())  # process 0 warns
+  one, two_rows = _rows(tmp_path / "one"), _rows(two)
+  assert [r["step"] for r in two_rows] == [r["step"] for r in one] and len(one) >= 6
   compared = 0
-  for a, b in zip(one, two):
+  for a, b in zip(one, two_rows):
     assert set(a) == set(b)
     for key in a:
       if not key.startswith(("perf/", "eval/seconds", "time/")):
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
         compared += 1
   assert compared > 50
-  assert any(r.get("mismatch/k3", 0) > 0 for r in two)
-  assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["3", "6"]  # written by both processes
+  assert any(r.get("mismatch/k3", 0) > 0 for r in two_rows)
+  left = sorted(os.listdir(two / "checkpoints"))
+  assert len(left) == 3 and left[0] == "3" and left[2] == "6" and left[1].startswith(f"{stopped_at}.corrupt-")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -159,7 +159,8 @@ def test_preempted_run_resumes_past_a_damaged_checkpoint_and_reproduces_the_run(
   uninterrupted run's rows. Snapshots in host memory: checkpointed from there and restored into it."""
   import signal
   from opd_jax.train.preemption import Preempted
-  overrides = {"rollout.staleness_steps": 1, "rollout.weights": "int8", "rollout.snapshots_on": "host"}
+  overrides = {"rollout.staleness_steps": 1, "rollout.weights": "int8", "rollout.snapshots_on": "host",
+               "data.max_prompt_tokens": 12}  # some prompts are cut: data/prompts_truncated counts on over resume
   final = train(_config(tiny_pair, **overrides), str(tmp_path / "full"))
   # The uninterrupted run: metrics rows, evaluations, checkpoints, TensorBoard, mismatch split by source.
   rows = _rows(tmp_path / "full")
@@ -170,6 +171,8 @@ def test_preempted_run_resumes_past_a_damaged_checkpoint_and_reproduces_the_run(
   assert {"mismatch_vocab/kl_sampler_learner", "opd/reverse_kl", "perf/tokens_per_s"} <= set(train_rows[0])
   assert all(r["mismatch/k3"] > 0 for r in train_rows) and train_rows[-1]["rollout/version_lag"] == 1
   assert train_rows[-1]["mismatch_split/precision_k3"] > 0 and train_rows[-1]["mismatch_split/staleness_k3"] > 0
+  truncated = [r["data/prompts_truncated"] for r in train_rows]
+  assert 0 < truncated[0] < truncated[1] < truncated[2], truncated
   assert sorted(os.listdir(tmp_path / "full" / "checkpoints")) == ["3", "6"]
   assert os.listdir(tmp_path / "full" / "tensorboard")
   resumed_dir = tmp_path / "resumed"
@@ -196,8 +199,11 @@ def test_preempted_run_resumes_past_a_damaged_checkpoint_and_reproduces_the_run(
   assert len(warnings) == 1 and "falling back to step 3" in warnings[0], warnings
   full, resumed = _rows(tmp_path / "full"), _rows(resumed_dir)
   assert [r["step"] for r in full] == [r["step"] for r in resumed]
+  assert [set(r) for r in full] == [set(r) for r in resumed]
+  train_s = [r["time/train_s"] for r in resumed if "time/train_s" in r]  # steps 3 (first try), 6 (resumed)
+  assert len(train_s) == 2 and 0 < train_s[0] < train_s[1]  # the resumed run counts on from the checkpoint
   for a, b in zip(full, resumed):
-    for key in a:
+    for key in a:  # every key, counters included, but wall-clock ones
       if not key.startswith(("perf/", "eval/seconds", "time/")):
         assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
   # The workdir holds pair "tiny": another pair's config is refused in one line, before any restore.

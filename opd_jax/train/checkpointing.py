@@ -14,20 +14,32 @@ one that does not fit this run in this order, per step, newest first:
      builds: a CheckpointMismatch (an InputError) at once, no fallback: an older step of the same run would not
      fit either, the config differs (another model, another optimizer);
   3. damaged: reading the array data fails (a truncated or missing data file), with shapes already known to fit.
+Before any of these, a step's files are checked against its checksum manifest (`checksums.json`: the sha256 of
+every file of the step, written by process 0 once orbax has finished the save): a changed, missing or extra
+file is damage. The manifest is what catches a flipped bit inside a chunk (zarr chunks carry no checksum, and
+an uncompressed chunk of the right length reads back as other numbers). A step without a manifest (written
+before manifests were kept, or by a process stopped between orbax's finish and the manifest) is read without
+this check.
+
 Damaged steps newer than the one restored are renamed to `<step>.corrupt-<YYYYmmdd-HHMMSS>`, outside orbax's
 step pattern: `latest_step()` no longer sees them, a new save at that step works, and the files stay for a look
 (delete them by hand; max_to_keep does not count them). Nothing is renamed when no step reads back: a failure
 of every step more likely comes from the environment (memory, permissions) than from damage to all of them.
-Data damaged inside a file whose length is intact may read back unnoticed: zarr chunks carry no checksum.
-In a multi-process run every process checks and reads; they must land on the same step (checked with an
-all-gather), and process 0 alone renames and warns.
+
+In a multi-process run the processes decide together, step by step: each checks a share of the step's files
+against the manifest (process i the files i, i + n, ... of the sorted list) and reads the step; a step that is
+damaged on any process is skipped by all, so every process lands on the same step, and process 0 alone renames
+and warns (with the reason the process that found the damage gave). Processes that list different steps (a
+workdir that is not one shared filesystem) stop the run with one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -42,6 +54,9 @@ from opd_jax.errors import InputError
 
 # Files that every finished step holds (relative to the step directory), whatever the arrays are.
 _REQUIRED_FILES = ("_CHECKPOINT_METADATA", "arrays/_METADATA", "meta/metadata")
+MANIFEST = "checksums.json"  # in the step directory: {"sha256": {relative path: hex digest}} of its other files
+# What each process found in a step, worst last; the run takes the worst over its processes.
+_INTACT, _DAMAGED, _MISMATCH = 0, 1, 2
 
 
 class CheckpointMismatch(InputError):
@@ -66,6 +81,7 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, cleanup_tmp_directories=True))
+    self._unsealed: list[int] = []  # saved steps whose checksum manifest is not written yet
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -77,8 +93,22 @@ class Checkpointer:
     keep mutating the objects it passed.
     """
     meta = json.loads(json.dumps(meta))
+    self._seal()  # the previous save's manifest (orbax waits for that save before it starts this one anyway)
     self._manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
                                                     meta=ocp.args.JsonSave(meta)), force=True)
+    self._unsealed.append(step)
+
+  def _seal(self) -> None:
+    """Waits for the saves in flight and writes each finished step's checksum manifest (process 0)."""
+    if not self._unsealed:
+      return
+    self._manager.wait_until_finished()
+    if jax.process_index() == 0:
+      for step in self._unsealed:
+        step_dir = os.path.join(self.directory, str(step))
+        if os.path.isdir(step_dir):  # max_to_keep may have removed it already
+          write_manifest(step_dir)
+    self._unsealed = []
 
   def restore(self, step: int, abstract_arrays):
     """(arrays, meta); abstract_arrays carries the target structure, shapes, dtypes and shardings."""
@@ -98,13 +128,22 @@ class Checkpointer:
     CheckpointMismatch when a readable step does not fit the target, and InputError when no step reads back.
     """
     skipped = []
-    for step in sorted(self._manager.all_steps(), reverse=True):
-      try:
-        arrays, meta = self._restore_checked(step, make_abstract)
-      except _Unreadable as e:
-        skipped.append((step, str(e)))
+    steps = sorted(self._manager.all_steps(), reverse=True)
+    if steps:
+      _quiet_abandoned_reads()
+    _check_same_listing(steps, self.directory)
+    for step in steps:
+      # Two decisions per step, each taken by all processes together: the files (manifest, metadata), then the
+      # arrays (orbax's restore, which every process enters together).
+      status, reason, _ = _agree(*self._check_files(step))
+      if status == _INTACT:
+        status, reason, restored = _agree(*self._read(step, make_abstract))
+      if status == _MISMATCH:
+        raise CheckpointMismatch(reason)
+      if status == _DAMAGED:
+        skipped.append((step, reason))
         continue
-      _check_processes_agree(step, self.directory)
+      arrays, meta = restored
       self._move_aside(skipped, fallback_step=step)
       return Restored(step=step, arrays=arrays, meta=meta, skipped=skipped)
     if not skipped:
@@ -114,14 +153,33 @@ class Checkpointer:
     raise InputError(f"no checkpoint in {self.directory!r} reads back (step {newest}: {reason}{older}); "
                      f"use a new --workdir, or delete {self.directory!r} to start this run over")
 
+  def _check_files(self, step: int) -> tuple[int, str, None]:
+    """(status, reason, None) of this process's own checks of step's files, without orbax (whose reads hold
+    collectives every process must enter): required files, its share of the checksum manifest."""
+    step_dir = os.path.join(self.directory, str(step))
+    try:
+      for name in _REQUIRED_FILES:
+        path = os.path.join(step_dir, name)
+        if not os.path.isfile(path):
+          item = os.path.dirname(name)  # a whole item directory gone is named as such
+          raise _Unreadable(f"{item}/ is missing" if item and not os.path.isdir(os.path.dirname(path)) else
+                            f"{name} is missing")
+      verify_manifest(step_dir, share=(jax.process_index(), jax.process_count()))
+    except _Unreadable as e:
+      return _DAMAGED, str(e), None
+    return _INTACT, "", None
+
+  def _read(self, step: int, make_abstract: Callable[[dict], Any]) -> tuple[int, str, tuple | None]:
+    """(status, reason, (arrays, meta)) of reading step through orbax into make_abstract(meta)."""
+    try:
+      return _INTACT, "", self._restore_checked(step, make_abstract)
+    except CheckpointMismatch as e:
+      return _MISMATCH, str(e), None
+    except _Unreadable as e:
+      return _DAMAGED, str(e), None
+
   def _restore_checked(self, step: int, make_abstract: Callable[[dict], Any]):
     step_dir = os.path.join(self.directory, str(step))
-    for name in _REQUIRED_FILES:
-      path = os.path.join(step_dir, name)
-      if not os.path.isfile(path):
-        item = os.path.dirname(name)  # a whole item directory gone is named as such
-        raise _Unreadable(f"{item}/ is missing" if item and not os.path.isdir(os.path.dirname(path)) else
-                          f"{name} is missing")
     meta = _read("meta: ", step_dir, self.restore_meta, step)
     if not isinstance(meta, dict):
       raise _Unreadable(f"meta holds a JSON {type(meta).__name__}, not an object")
@@ -137,7 +195,8 @@ class Checkpointer:
       raise CheckpointMismatch(f"checkpoint step {step} in {self.directory!r} does not fit this run's state: "
                                f"{differences[0]}{more}; it was written for another model or config: use a "
                                "new --workdir, or the config that wrote it")
-    return _read("", step_dir, self.restore, step, abstract)  # shapes fit: a failure is in the data files
+    arrays, _ = _read("", step_dir, self.restore, step, abstract)  # shapes fit: a failure is in the data files
+    return arrays, meta
 
   def _move_aside(self, skipped: list[tuple[int, str]], fallback_step: int) -> None:
     """Renames damaged step directories out of orbax's step pattern (process 0) and warns once per step."""
@@ -158,10 +217,62 @@ class Checkpointer:
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
+    self._seal()
 
   def close(self) -> None:
     self._manager.wait_until_finished()
+    self._seal()
     self._manager.close()
+
+
+def _step_files(step_dir: str) -> list[str]:
+  """Every file of a step directory but the manifest, as sorted relative paths."""
+  files = []
+  for root, _, names in os.walk(step_dir):
+    files += [os.path.relpath(os.path.join(root, name), step_dir) for name in names]
+  return sorted(f for f in files if f != MANIFEST)
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def write_manifest(step_dir: str) -> None:
+  """checksums.json of a finished step (atomically: a temporary file, then a rename)."""
+  manifest = {"sha256": {name: _sha256(os.path.join(step_dir, name)) for name in _step_files(step_dir)}}
+  path = os.path.join(step_dir, MANIFEST)
+  with open(path + ".tmp", "w") as f:
+    json.dump(manifest, f, indent=0)
+  os.replace(path + ".tmp", path)
+
+
+def verify_manifest(step_dir: str, share: tuple[int, int] = (0, 1)) -> None:
+  """Raises _Unreadable when a file of the step differs from its manifest (share=(i, n): this process checks
+  the sorted files i, i + n, ...; missing and extra files are checked by every process). No manifest: no
+  check."""
+  path = os.path.join(step_dir, MANIFEST)
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      expected = json.load(f)["sha256"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise _Unreadable(f"{MANIFEST} is unreadable ({type(e).__name__})") from None
+  present = _step_files(step_dir)
+  missing = sorted(set(expected) - set(present))
+  if missing:
+    raise _Unreadable(f"{missing[0]} is missing (listed in {MANIFEST})")
+  extra = sorted(set(present) - set(expected))
+  if extra:
+    raise _Unreadable(f"{extra[0]} is not in {MANIFEST} (a file added after the save)")
+  index, count = share
+  for name in sorted(expected)[index::count]:
+    if _sha256(os.path.join(step_dir, name)) != expected[name]:
+      raise _Unreadable(f"{name} does not match its checksum in {MANIFEST} (its bytes changed after the save)")
 
 
 def _differences(stored_tree, abstract) -> list[str]:
@@ -204,40 +315,107 @@ def _read(what: str, step_dir: str, read: Callable, *args):
     raise
   except Exception as e:  # noqa: BLE001
     reason = what + _short_reason(e, step_dir)
-  _drop_abandoned_read_tracebacks()
   gc.collect()  # the failed read's exception, and with it most abandoned reads, before the next step is tried
   raise _Unreadable(reason)
 
 
-def _drop_abandoned_read_tracebacks() -> None:
-  """Silences the tracebacks that orbax's abandoned reads leave after a failed restore.
+def _quiet_abandoned_reads() -> None:
+  """Silences the tracebacks that orbax's abandoned reads leave after a failed restore; installed before the
+  first restore attempt, as some arrive while the failure is still propagating.
 
   When one array read fails, orbax abandons the concurrent reads of the other arrays and closes its event loop.
-  Later, in other threads, each abandoned read raises again when it is garbage collected ("Exception ignored in
-  <coroutine _read_array_index_and_device_put>" with a tensorstore spec dump), and tensorstore callbacks find the
-  loop closed ("Event loop is closed"). The reason is already in the warning, so from the first failed read on,
-  the process's unraisable hook drops those two messages and passes every other to the hook it wraps.
+  Then, in other threads, tensorstore callbacks find the loop closed (a bare "RuntimeError: Event loop is
+  closed" traceback from asyncio's call_soon_threadsafe, through sys.excepthook, or an "Exception ignored"
+  one), each abandoned read raises again when it is garbage collected ("Exception ignored in <coroutine
+  _read_array_index_and_device_put>" with a tensorstore spec dump), and asyncio logs each abandoned read's task
+  or gather ("Task exception was never retrieved", "_GatheringFuture exception was never retrieved"). The
+  reason is already in the warning, so the process's excepthook and unraisable hook drop exactly those (passing
+  everything else to the hooks they wrap), and a filter on the asyncio logger drops the records whose exception
+  orbax's reads raised.
   """
-  previous = sys.unraisablehook
-  if getattr(previous, "drops_abandoned_reads", False):
+  asyncio_logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _AbandonedReadTasks) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_AbandonedReadTasks())
+  if getattr(sys.unraisablehook, "drops_abandoned_reads", False):
     return
+  previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
 
-  def hook(unraisable):
+  def unraisable_hook(unraisable):
     abandoned_read = "_read_array_index" in getattr(unraisable.object, "__qualname__", "")
-    closed_loop = (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
-                   and str(unraisable.exc_value) == "Event loop is closed")
-    if not (abandoned_read or closed_loop):
-      previous(unraisable)
-  hook.drops_abandoned_reads = True
-  sys.unraisablehook = hook
+    if not (abandoned_read or _closed_loop(unraisable.exc_value)):
+      previous_unraisable(unraisable)
+
+  def except_hook(kind, value, traceback):
+    if not _closed_loop(value):
+      previous_except(kind, value, traceback)
+  unraisable_hook.drops_abandoned_reads = True
+  sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
 
 
-def _check_processes_agree(step: int, directory: str) -> None:
-  """Every process must restore the same step; files that read differently per host would split the run."""
+def _closed_loop(error) -> bool:
+  """asyncio's "Event loop is closed", raised by a call into a closed loop (what abandoned reads' callbacks do)."""
+  if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
+    return False
+  traceback, names = error.__traceback__, set()
+  while traceback is not None:
+    names.add(traceback.tb_frame.f_code.co_name)
+    traceback = traceback.tb_next
+  return not names or "_check_closed" in names  # no traceback: an unraisable hook's report
+
+
+# orbax's array-read coroutines (orbax/checkpoint/_src/serialization/serialization.py)
+_ORBAX_READS = ("async_deserialize", "_read_and_create_array", "_read_array_index_and_device_put", "_read_shard")
+
+
+class _AbandonedReadTasks(logging.Filter):
+  """Drops asyncio's "... exception was never retrieved" records (of a Task or a gather) whose exception was
+  raised in one of orbax's array reads; every other record passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
+      return True
+    error, seen = record.exc_info[1], set()
+    while error is not None and id(error) not in seen:
+      seen.add(id(error))
+      traceback = error.__traceback__
+      while traceback is not None:
+        if traceback.tb_frame.f_code.co_name in _ORBAX_READS:
+          return False
+        traceback = traceback.tb_next
+      error = error.__cause__ or error.__context__
+    return True
+
+
+_TEXT_BYTES = 512  # the length of the texts processes exchange (reasons, step listings), cut to fit
+
+
+def _gather_texts(text: str) -> list[str]:
+  """Every process's `text` (process order), through one all-gather of fixed-length bytes."""
+  from jax.experimental import multihost_utils
+  data = text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
+  gathered = np.asarray(multihost_utils.process_allgather(np.frombuffer(data, np.uint8)))
+  return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in gathered.reshape(-1, _TEXT_BYTES)]
+
+
+def _agree(status: int, reason: str, value):
+  """(status, reason, value) decided by all processes: the worst status over them, with the reason of the
+  first process that has it (named when it is not this one); a single process decides alone."""
+  if jax.process_count() == 1:
+    return status, reason, value
+  found = [(int(t[0]), t[2:]) for t in _gather_texts(f"{status} {reason}")]
+  worst = max(s for s, _ in found)
+  if worst == status:
+    return status, reason, value
+  process, (_, theirs) = next((i, f) for i, f in enumerate(found) if f[0] == worst)
+  return worst, f"on process {process}: {theirs}", None
+
+
+def _check_same_listing(steps: list[int], directory: str) -> None:
+  """Every process must see the same steps; a workdir that is not one shared filesystem would split the run."""
   if jax.process_count() == 1:
     return
-  from jax.experimental import multihost_utils
-  steps = sorted(set(np.asarray(multihost_utils.process_allgather(np.int64(step))).reshape(-1).tolist()))
-  if len(steps) > 1:
-    raise InputError(f"processes restored different checkpoint steps {steps} from {directory!r}: its files read "
-                     "differently on different hosts; check the filesystem, or delete the damaged newer steps")
+  listings = _gather_texts(",".join(map(str, steps)))
+  if len(set(listings)) > 1:
+    seen = "; ".join(f"process {i}: [{listing}]" for i, listing in enumerate(listings))
+    raise InputError(f"the processes of this run see different checkpoint steps in {directory!r} ({seen}); "
+                     "give every process the same workdir on a shared filesystem")

@@ -15,8 +15,8 @@ class PromptPipeline:
   """Yields {"prompt_BxP", "prompt_valid_BxP", "index_B"} numpy batches; state via get_state/set_state.
 
   Prompts longer than max_prompt_tokens keep their end (see encode_prompts) and are counted: `truncated` is
-  how many of the `prompts_drawn` prompts yielded so far (by this object, so since construction or resume)
-  were cut; report it, e.g. as a metric. With the embedded character tokenizer every prompt is checked for
+  how many of the `prompts_drawn` prompts yielded so far were cut; report it, e.g. as a metric. Both counts
+  are part of the state, so a resumed run counts on from the checkpoint, like an uninterrupted one. With the embedded character tokenizer every prompt is checked for
   characters outside its vocabulary up front, so a bad problem set fails here rather than mid-run.
   """
 
@@ -53,7 +53,11 @@ class PromptPipeline:
     return self
 
   def get_state(self) -> dict:
-    return self._iterator.get_state()
+    """JSON: grain's iterator state and the counts of prompts yielded and cut so far."""
+    return {"grain": self._iterator.get_state(), "truncated": self.truncated, "prompts_drawn": self.prompts_drawn}
 
   def set_state(self, state: dict) -> None:
-    self._iterator.set_state(state)
+    if "grain" not in state:  # written before the counts were kept: grain's state alone; count from 0
+      state = {"grain": state, "truncated": 0, "prompts_drawn": 0}
+    self._iterator.set_state(state["grain"])
+    self.truncated, self.prompts_drawn = int(state["truncated"]), int(state["prompts_drawn"])

@@ -305,10 +305,10 @@ def train(config, workdir: str) -> dict:
   lock = WorkdirLock(workdir, enabled=distributed.is_main()).acquire()  # a second trainer here exits 2 at once
   checkpointer = writer = asynchronous = None
   # SIGTERM / SIGINT from here on: finish the step in flight, checkpoint it, stop (opd_jax/train/preemption.py).
-  preemption = Preemption(enabled=jax.process_count() == 1).__enter__()
+  preemption = Preemption(processes=jax.process_count()).__enter__()
   try:
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
-    start_step, restored_pending, resume_step = 0, [], None
+    start_step, restored_pending, resume_step, train_s_before = 0, [], None, 0.0
     latest = checkpointer.latest_step()
     if latest is not None and not t.resume:
       raise InputError(f"workdir {workdir!r} already holds checkpoints (step {latest}) and train.resume=False; "
@@ -326,6 +326,7 @@ def train(config, workdir: str) -> dict:
       prompts.set_state(restored.meta["data_state"])
       start_step = resume_step = int(restored.meta["step"])
       restored_pending = restored.meta["pending_metrics"]
+      train_s_before = float(restored.meta.get("train_s", 0.0))  # absent in checkpoints of older versions
     if t.mode == "sync" and rollout.staleness_steps and not snapshots.versions():
       snapshots.push(start_step, snapshot_of(state.params, start_step))
 
@@ -345,7 +346,11 @@ def train(config, workdir: str) -> dict:
     # Metrics of the steps since the last log row; kept in checkpoints so a resumed interval averages the same.
     pending, interval_start, interval_tokens, interval_steps = list(restored_pending), time.time(), 0.0, 0
     warned_truncation = False
-    loop_start, eval_seconds, reached = time.time(), 0.0, False  # time/train_s: since (re)start, evals excluded
+    loop_start, eval_seconds, reached = time.time(), 0.0, False
+
+    def train_s(now: float) -> float:
+      """time/train_s: wall-clock of the loop, evaluations excluded, summed over the run's (re)starts."""
+      return train_s_before + now - loop_start - eval_seconds
     skip_guard = _SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     for step in range(start_step, t.steps):
       if asynchronous is not None:
@@ -378,29 +383,30 @@ def train(config, workdir: str) -> dict:
         row["perf/step_s"] = elapsed / max(interval_steps, 1)
         row["perf/tokens_per_s"] = float(interval_tokens) / elapsed
         row["learning_rate"] = float(schedule(int(state.step) - 1))  # what the interval's last update used
-        row["data/prompts_truncated"] = prompts.truncated  # cut to data.max_prompt_tokens, since (re)start
-        if prompts.truncated and not warned_truncation:
+        row["data/prompts_truncated"] = last_data_state["truncated"]  # cut to data.max_prompt_tokens so far
+        if last_data_state["truncated"] and not warned_truncation:
           warned_truncation = True
-          writer.warn(f"{prompts.truncated} of {prompts.prompts_drawn} prompts so far were longer than "
-                      f"data.max_prompt_tokens={d.max_prompt_tokens} and lost their start (data/prompts_truncated)")
+          writer.warn(f"{last_data_state['truncated']} of {last_data_state['prompts_drawn']} prompts so far were "
+                      f"longer than data.max_prompt_tokens={d.max_prompt_tokens} and lost their start "
+                      "(data/prompts_truncated)")
         writer.write(new_version, row)
         pending, interval_start, interval_tokens, interval_steps = [], time.time(), 0.0, 0
       if new_version % t.eval_every == 0 or done:
         eval_start = time.time()
         final = run_eval(state.params, new_version)
-        final["time/train_s"] = eval_start - loop_start - eval_seconds
+        final["time/train_s"] = train_s(eval_start)
         writer.write(new_version, final)
         eval_seconds += time.time() - eval_start
         interval_start += time.time() - eval_start  # evaluation time is not training throughput
         reached = bool(t.target_accuracy) and final.get("eval/accuracy", 0.0) >= t.target_accuracy
-      stopping = (reached or (t.stop_after_steps and new_version - start_step >= t.stop_after_steps)
-                  or preemption.requested())
+      preempted = preemption.reached(new_version)  # every step, on every process (JAX's sync point)
+      stopping = (reached or preempted or (t.stop_after_steps and new_version - start_step >= t.stop_after_steps))
       if new_version % t.checkpoint_every == 0 or done or stopping:
         saved_pending = [{k: float(v) for k, v in row.items()} for row in jax.device_get(pending)]  # JSON form
         checkpointer.save(new_version, {"train": state, "snapshots": snapshots.state_dict()},
                           {"step": new_version, "data_state": last_data_state, "pending_metrics": saved_pending,
                            "snapshot_versions": snapshots.versions(), "pair": config.pair,
-                           "steps": t.steps, "batch_size": t.batch_size, "mode": t.mode,
+                           "steps": t.steps, "batch_size": t.batch_size, "mode": t.mode, "train_s": train_s(time.time()),
                            "staleness_steps": rollout.staleness_steps})
       if stopping:
         break
