@@ -23,7 +23,10 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "dtype o
 
 
 def export():
+  from opd_jax.errors import InputError
   from opd_jax.train import export as export_lib
+  if _STEP.value is not None and _STEP.value < 0:  # flags first: checked before the workdir is read
+    raise InputError(f"--step must be a checkpoint step >= 0, got {_STEP.value} (omit it for the latest)")
   step = export_lib.resolve_step(_WORKDIR.value, _STEP.value)
   out = export_lib.export_from_workdir(_WORKDIR.value, _OUT.value, step, dtype=_DTYPE.value)
   print(f"exported step {step} to {out}")

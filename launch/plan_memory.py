@@ -94,6 +94,10 @@ def plan_of_config(mp):
 
 def run() -> None:
   from opd_jax.analysis import memory_plan as mp
+  # Flags first, files after: the counts given on the command line are checked before any model is read.
+  given = {name: flags.FLAGS[name].value for name in _OVERRIDES if flags.FLAGS[name].present}
+  mp.check_numbers(device_memory_bytes=_MEMORY.value * mp.GIB, devices=_devices(),
+                   **{_OVERRIDES[name]: value for name, value in given.items() if _OVERRIDES[name] in mp.NUMBER_FLAGS})
   if _CONFIG.value is not None:
     plan = plan_of_config(mp)
   else:

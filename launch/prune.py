@@ -34,7 +34,7 @@ def run():
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
   from opd_jax.prepare.prune import prune
-  for flag in (_PROMPTS, _MAX_NEW, _MAX_PROMPT, _DROPS):
+  for flag in (_KEEP, _PROMPTS, _MAX_NEW, _MAX_PROMPT, _DROPS):  # flags first: no file is read before these
     if flag.value < 1:
       raise InputError(f"--{flag.name} must be a positive integer, got {flag.value}")
   problems = load_jsonl(_PROMPTS_FILE.value)[:_PROMPTS.value]

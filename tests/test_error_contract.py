@@ -92,6 +92,35 @@ CASES = [
      "--staleness=-2", "staleness_steps must be an integer >= 0"),
     ("admit_candidates_flag_before_file", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
      "--candidates=weights=fp8", "--device_memory_gb=0", "--device_memory_gb must be > 0"),
+    # The same for every other script that takes flags and files: a wrong flag or config value beside a missing or
+    # wrong file ({d}/none does not exist, {d}/file is a file); the flag is what the one error line names.
+    ("train_flag_before_file", *TRAIN, "--config.teacher={d}/none", "--config.train.steps=-1",
+     "train.steps must be an integer >= 0"),
+    ("sample_flag_before_file", "launch/sample.py", "--checkpoint={d}/none", "--prompt_ids=3", "--temperature=-1",
+     "--json", "temperature must be >= 0"),
+    ("calibrate_flag_before_file", "launch/calibrate.py", "--results={d}/none.jsonl", "--out={d}/b.json",
+     "--tolerance=-1", "--tolerance=-1 must be in (0, 1)"),
+    ("report_flag_before_file", "launch/report.py", "--results={d}/none.jsonl", "--budget={d}/truncated.json",
+     "--prompts=0", "--prompts=0 >= 1"),
+    ("sweep_flag_before_file", "launch/sweep.py", "--config=configs/sweeps/noise.py", "--workdir={d}/file",
+     "--config.stepz=1", "--config.stepz=1: the config has no field"),
+    ("plan_flag_before_file", "launch/plan_memory.py", "--teacher={d}/none", "--student=qwen3-0.6b", "--batch=0",
+     "--batch must be an integer >= 1, got 0"),
+    ("plan_config_flag_before_file", "launch/plan_memory.py", "--config=configs/pair1.py",
+     "--config.teacher={d}/none", "--logits_chunk=-1", "--logits_chunk must be an integer >= 0"),
+    ("prefix_shift_flag_before_file", "launch/prefix_shift.py", "--config=configs/pair1.py",
+     "--config.teacher={d}/none", "--noise=abc", "--out={d}/file", "--noise must be comma-separated numbers"),
+    ("sensitivity_flag_before_file", "launch/sensitivity.py", "--config=configs/pair1.py",
+     "--config.teacher={d}/none", "--weights=int1", "--out={d}/file", "'int1' is not one of"),
+    ("prune_flag_before_file", "launch/prune.py", "--model={d}/none", "--keep_layers=0", "--out={d}/p",
+     "--keep_layers must be a positive integer, got 0"),
+    ("export_flag_before_file", "launch/export.py", "--workdir={d}/none", "--out={d}/e", "--step=-1",
+     "--step must be a checkpoint step >= 0"),
+    ("ttq_flag_before_file", "launch/bench_time_to_quality.py", "--config=configs/pair1.py",
+     "--config.teacher={d}/none", "--target=1.5", "--target must be in (0, 1]"),
+    ("build_pairs_flag_before_file", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/file", "unknown pair 'pair9'"),
+    ("gguf_parity_flag_before_file", "launch/gguf_parity.py", "--gguf={d}/garbage.gguf", "--model={d}/none",
+     "--texts=0", "--texts must be >= 1"),
     # report.py
     ("report_budget_truncated", "launch/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
      "--out={d}/report", "budget file"),
@@ -224,6 +253,20 @@ def test_the_table_covers_every_launch_script():
              if s.endswith(".py") and not s.startswith(("_", "bench_", "xm_", "export"))}
   assert covered <= {os.path.basename(s) for s in scripts}, covered  # export / xm_launch: their own tests
   assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+# Scripts that take both flags (or config values) and files; each has a `<name>_flag_before_file` case above.
+TAKE_FLAGS_AND_FILES = {"train": "train", "sample": "sample", "calibrate": "calibrate", "report": "report",
+                        "sweep": "sweep", "plan_memory": "plan", "prefix_shift": "prefix_shift",
+                        "sensitivity": "sensitivity", "prune": "prune", "export": "export",
+                        "bench_time_to_quality": "ttq", "build_pairs": "build_pairs", "gguf_parity": "gguf_parity",
+                        "admit": "admit"}
+
+
+def test_every_script_with_flags_and_files_names_the_flag_first():
+  ids = {case[0] for case in CASES}
+  for script, name in TAKE_FLAGS_AND_FILES.items():
+    assert f"{name}_flag_before_file" in ids and os.path.exists(os.path.join(REPO, "launch", f"{script}.py"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

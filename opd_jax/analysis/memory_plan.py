@@ -94,6 +94,26 @@ def devices_of_config(config) -> int:
   return learner + (max(rollout.devices, 0) if rollout.placement == "disaggregated" else 0)
 
 
+# PlanConfig's counts: field -> (the launch flag that sets it, its smallest value)
+NUMBER_FLAGS = {"batch_size": ("--batch", 1), "prompt_tokens": ("--prompt_tokens", 1),
+                "response_tokens": ("--response_tokens", 1), "devices": ("--devices", 1),
+                "staleness_steps": ("--staleness", 0), "logits_chunk": ("--logits_chunk", 0),
+                "micro_batch_size": ("--micro_batch_size", 0)}
+
+
+def check_numbers(**values) -> None:
+  """The ranges of PlanConfig's counts and device_memory_bytes, each error naming its flag; needs no I/O, so
+  launch/plan_memory.py checks the flags it was given with it before it reads any model."""
+  for field, value in values.items():
+    if field == "device_memory_bytes":
+      if value <= 0:
+        raise InputError(f"--device_memory_gb must be > 0, got {value / GIB:g}")
+      continue
+    flag, least = NUMBER_FLAGS[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      raise InputError(f"{flag} must be an integer >= {least}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
   """One run to plan. Errors name the launch flag (launch/plan_memory.py) that set the bad value."""
@@ -164,15 +184,7 @@ class PlanConfig:
                sampling_top_k=r.top_k, sampling_top_p=r.top_p, objective_fields=tuple(sorted(dict(o).items())))
 
   def __post_init__(self):
-    for flag, value in (("--batch", self.batch_size), ("--prompt_tokens", self.prompt_tokens),
-                        ("--response_tokens", self.response_tokens), ("--devices", self.devices)):
-      if value < 1:
-        raise InputError(f"{flag} must be >= 1, got {value}")
-    if self.device_memory_bytes <= 0:
-      raise InputError(f"--device_memory_gb must be > 0, got {self.device_memory_bytes / GIB:g}")
-    if self.staleness_steps < 0 or self.logits_chunk < 0 or self.micro_batch_size < 0:
-      raise InputError("--staleness, --logits_chunk and --micro_batch_size must be >= 0, got "
-                       f"{self.staleness_steps}, {self.logits_chunk}, {self.micro_batch_size}")
+    check_numbers(**{field: getattr(self, field) for field in (*NUMBER_FLAGS, "device_memory_bytes")})
     if self.micro_batch_size and self.batch_size % self.micro_batch_size:
       raise InputError(f"--micro_batch_size={self.micro_batch_size} does not divide --batch={self.batch_size}")
     if self.remat not in REMATS:
