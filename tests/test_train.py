@@ -233,22 +233,32 @@ def test_run_stops_after_max_skipped_steps(tiny_pair, tmp_path, capfd):
 
 def test_disaggregated_async_on_four_plus_four_devices_logs_and_resumes(tiny_pair, tmp_path, monkeypatch):
   """The sampler on devices 0-3 (fp8 weights, fp8 KV, 4 samples per prompt), the learner on 4-7, rollouts
-  produced ahead with bounded staleness; a stopped run resumes and logs the same bookkeeping."""
+  produced ahead with bounded staleness. A SIGTERM sent from the producer's thread stops the run at a step
+  boundary with a checkpoint and the producer thread ended; the resumed run logs the same bookkeeping."""
+  import signal
+  import threading
+  from opd_jax.train.preemption import Preempted
   seen = []
   produce = RolloutProducer.produce
 
   def recording_produce(self, index, version, snapshot, prompts):
     devices = frozenset(d.id for leaf in jax.tree.leaves(snapshot["sampler"]) for d in leaf.devices())
     seen.append((index, version, devices))
+    if index == 3 and len(seen) == 4:  # the first run only
+      os.kill(os.getpid(), signal.SIGTERM)
     return produce(self, index, version, snapshot, prompts)
 
   monkeypatch.setattr(RolloutProducer, "produce", recording_produce)
   overrides = {"train.mode": "async", "train.max_staleness": 2, "rollout.placement": "disaggregated",
                "rollout.devices": 4, "rollout.weights": "fp8", "rollout.kv_cache": "fp8",
                "rollout.samples_per_prompt": 4}
-  train(_config(tiny_pair, **overrides, **{"train.stop_after_steps": 4}), str(tmp_path))
-  assert max(r["step"] for r in _rows(tmp_path)) == 4
-  train(_config(tiny_pair, **overrides), str(tmp_path))  # resumes at step 4
+  with pytest.raises(Preempted, match=r"SIGTERM received; stopped after step \d") as stopped:
+    train(_config(tiny_pair, **overrides), str(tmp_path))
+  step = int(str(stopped.value).split("after step ")[1].split()[0])
+  assert 1 <= step < 6 and max(r["step"] for r in _rows(tmp_path)) == step
+  assert str(step) in os.listdir(tmp_path / "checkpoints")
+  assert not any(t.name == "opd-rollouts" for t in threading.enumerate())  # the producer thread has ended
+  train(_config(tiny_pair, **overrides), str(tmp_path))  # resumes there
   rows = _rows(tmp_path)
   train_rows = [r for r in rows if "loss" in r]
   assert [r["step"] for r in train_rows] == [2, 4, 6]
@@ -257,7 +267,7 @@ def test_disaggregated_async_on_four_plus_four_devices_logs_and_resumes(tiny_pai
   assert train_rows[-1]["mismatch_split/precision_k3"] > 0  # the dense copy of each version scored the batch
   assert {devices for _, _, devices in seen} == {frozenset({0, 1, 2, 3})}
   assert all(index - 2 <= version <= index for index, version, _ in seen)  # bounded staleness, as consumed
-  assert {index for index, _, _ in seen} >= {0, 1, 2, 3, 4, 5}  # the resumed producer starts at batch 4
+  assert {index for index, _, _ in seen} >= {0, 1, 2, 3, 4, 5}  # the resumed producer starts where it stopped
 
 
 def test_evaluation_on_the_sampler_mesh_equals_the_learners(tiny_pair, tmp_path, monkeypatch):
