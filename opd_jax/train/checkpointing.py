@@ -15,11 +15,12 @@ one that does not fit this run in this order, per step, newest first:
      fit either, the config differs (another model, another optimizer);
   3. damaged: reading the array data fails (a truncated or missing data file), with shapes already known to fit.
 Before any of these, a step's files are checked against its checksum manifest (`checksums.json`: the sha256 of
-every file of the step, written by process 0 once orbax has finished the save): a changed, missing or extra
+every file of the step, written by process 0 on a thread of its own once orbax has finished the save; the
+Checkpointer's wait() and close() wait for it): a changed, missing or extra
 file is damage. The manifest is what catches a flipped bit inside a chunk (zarr chunks carry no checksum, and
 an uncompressed chunk of the right length reads back as other numbers). A step without a manifest (written
-before manifests were kept, or by a process stopped between orbax's finish and the manifest) is read without
-this check.
+before manifests were kept, or by a process killed before the next save or its close wrote it) is read
+without this check.
 
 Damaged steps newer than the one restored are renamed to `<step>.corrupt-<YYYYmmdd-HHMMSS>`, outside orbax's
 step pattern: `latest_step()` no longer sees them, a new save at that step works, and the files stay for a look
@@ -35,6 +36,7 @@ workdir that is not one shared filesystem) stop the run with one line.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import gc
 import hashlib
@@ -82,6 +84,10 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, cleanup_tmp_directories=True))
     self._unsealed: list[int] = []  # saved steps whose checksum manifest is not written yet
+    # Manifests are hashed on a thread of their own (file reads only, no orbax call), so a save's checksums do
+    # not hold up the training loop; wait() and close() wait for them.
+    self._hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opd-checksums")
+    self._manifests: list[concurrent.futures.Future] = []
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -99,16 +105,19 @@ class Checkpointer:
     self._unsealed.append(step)
 
   def _seal(self) -> None:
-    """Waits for the saves in flight and writes each finished step's checksum manifest (process 0)."""
+    """Waits for the saves in flight, then hands each finished step to the hashing thread (process 0)."""
     if not self._unsealed:
       return
     self._manager.wait_until_finished()
     if jax.process_index() == 0:
-      for step in self._unsealed:
-        step_dir = os.path.join(self.directory, str(step))
-        if os.path.isdir(step_dir):  # max_to_keep may have removed it already
-          write_manifest(step_dir)
+      self._manifests += [self._hashing.submit(_write_manifest_if_kept, os.path.join(self.directory, str(step)))
+                          for step in self._unsealed]
     self._unsealed = []
+
+  def _wait_for_manifests(self) -> None:
+    for future in self._manifests:
+      future.result()  # a failure to write a manifest (disk full, permissions) surfaces here
+    self._manifests = []
 
   def restore(self, step: int, abstract_arrays):
     """(arrays, meta); abstract_arrays carries the target structure, shapes, dtypes and shardings."""
@@ -218,10 +227,13 @@ class Checkpointer:
   def wait(self) -> None:
     self._manager.wait_until_finished()
     self._seal()
+    self._wait_for_manifests()
 
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._seal()
+    self._wait_for_manifests()
+    self._hashing.shutdown()
     self._manager.close()
 
 
@@ -239,6 +251,15 @@ def _sha256(path: str) -> str:
     for block in iter(lambda: f.read(1 << 22), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+def _write_manifest_if_kept(step_dir: str) -> None:
+  """write_manifest, unless max_to_keep removed the step before its turn came (then there is nothing to seal)."""
+  try:
+    write_manifest(step_dir)
+  except FileNotFoundError:
+    if os.path.isdir(step_dir):
+      raise
 
 
 def write_manifest(step_dir: str) -> None:
