@@ -16,8 +16,9 @@ class PromptPipeline:
 
   Prompts longer than max_prompt_tokens keep their end (see encode_prompts) and are counted: `truncated` is
   how many of the `prompts_drawn` prompts yielded so far were cut; report it, e.g. as a metric. Both counts
-  are part of the state, so a resumed run counts on from the checkpoint, like an uninterrupted one. With the embedded character tokenizer every prompt is checked for
-  characters outside its vocabulary up front, so a bad problem set fails here rather than mid-run.
+  are part of the state, so a resumed run counts on from the checkpoint, like an uninterrupted one. With the
+  embedded character tokenizer every prompt is checked for characters outside its vocabulary up front, so a bad
+  problem set fails here rather than mid-run.
   """
 
   def __init__(self, problems: list[Problem], tokenizer, *, batch_size: int, max_prompt_tokens: int, seed: int,

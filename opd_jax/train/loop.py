@@ -406,8 +406,8 @@ def train(config, workdir: str) -> dict:
         checkpointer.save(new_version, {"train": state, "snapshots": snapshots.state_dict()},
                           {"step": new_version, "data_state": last_data_state, "pending_metrics": saved_pending,
                            "snapshot_versions": snapshots.versions(), "pair": config.pair,
-                           "steps": t.steps, "batch_size": t.batch_size, "mode": t.mode, "train_s": train_s(time.time()),
-                           "staleness_steps": rollout.staleness_steps})
+                           "steps": t.steps, "batch_size": t.batch_size, "mode": t.mode,
+                           "staleness_steps": rollout.staleness_steps, "train_s": train_s(time.time())})
       if stopping:
         break
     skip_guard.flush()
