@@ -70,6 +70,7 @@ def test_calibrate_and_verdict():
     budget_lib.calibrate(_rows()[:2])
 
 
+@pytest.mark.slow
 def test_budget_file_has_pairs_pooled_and_transfer():
   budget = build_budget(_rows(0, "pair1") + _rows(1, "pair2"), tolerance=0.03, relative=False)
   assert set(budget["budgets"]) == {"pair1", "pair2", "pooled"}
@@ -81,6 +82,7 @@ def _with(rows, **fields):
   return [{**r, **fields} for r in rows]
 
 
+@pytest.mark.slow
 def test_budgets_per_horizon_and_the_transfer_matrix():
   """Rows of two run lengths give a budget per (pair, horizon); the main horizon (most rows) keeps plain keys.
   admission picks the horizon nearest the run it judges and says so."""
@@ -190,6 +192,7 @@ def test_holdout_is_stable_and_excludes_baselines():
   assert 0.2 < np.mean(picks) < 0.4 and picks == [is_held_out("pair1", f"p{i}", 0.3) for i in range(200)]
 
 
+@pytest.mark.slow
 def test_report_renders_every_given_section(tmp_path):
   results = tmp_path / "results.jsonl"
   results.write_text("".join(json.dumps(r) + "\n" for r in _rows()))

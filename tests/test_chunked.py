@@ -38,7 +38,8 @@ CHUNKED_PATHS = ("reverse_kl_pg", "grpo", "reverse_kl", "forward_kl_topk")
 assert set(CHUNKED_PATHS) <= set(OBJECTIVES)
 
 
-@pytest.mark.parametrize("name", CHUNKED_PATHS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "reverse_kl_pg" else pytest.mark.slow)
+                                  for n in CHUNKED_PATHS])  # the fast tier: one objective
 def test_chunked_micro_batched_step_equals_whole(tiny_pair, name):
   """Every objective: loss, gradient (via the SGD update), and every metric, in 2 micro-batches of 4 rows and
   chunks of 12 tokens (3 positions: the 10-token response is padded), to 1e-6 in float32. The sampled-token
@@ -72,6 +73,7 @@ def _shift_sampler_logp(batch, nats: float = 3.0):
   return shift_B
 
 
+@pytest.mark.slow
 def test_min_ess_skips_an_update_whose_sequence_weights_collapse(tiny_pair):
   """seq_tis weights spanning orders of magnitude: the logged ESS share is the numpy (sum w)^2 / (N sum w^2) over
   tokens, an update under min_ess is skipped (parameters unchanged) and one above it is applied. (That the ESS
@@ -101,6 +103,7 @@ def test_min_ess_needs_importance_weights():
     ObjectiveConfig(importance="tis", min_ess=1.0)
 
 
+@pytest.mark.slow
 def test_one_row_micro_batches_equal_full_batch(tiny_pair):
   """The extreme split, 8 micro-batches of one row (one of them with few tokens), feeds one update equal to the
   full-batch one. (Plain SGD, so parameters differ exactly by the gradient differences: Adam's first step,
@@ -134,6 +137,7 @@ def test_chunked_scoring_equals_whole_logits(tiny_pair):
   assert got.hidden_BxRxD is None
 
 
+@pytest.mark.slow
 def test_chunked_evaluation_kl_equals_whole(tiny_pair):
   graphdef, params, batch = _batch(tiny_pair)
   t_graphdef, t_state = _teacher(tiny_pair)
@@ -177,6 +181,7 @@ def test_chunked_backward_holds_no_whole_logits():
   assert chunk < whole / 4, (chunk, whole)  # R / C = 8 times fewer logits live at once
 
 
+@pytest.mark.slow
 def test_micro_batched_scoring_and_evaluation_kl_equal_whole_batch(tiny_pair):
   """Teacher scoring (log-probs, hidden states) and the evaluation KL, 2 rows at a time as a run with
   train.micro_batch_size=2 computes them, equal the whole batch: log-probs and KL to 1e-6, hidden states to

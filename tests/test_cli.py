@@ -28,6 +28,7 @@ def _run_together(*commands, timeout=300):
   return results
 
 
+@pytest.mark.slow
 def test_sample_json(tiny_pair):
   result = _run("launch/sample.py", f"--checkpoint={tiny_pair['student']}", "--prompt_ids=5,6,7",
                 "--max_new_tokens=6", "--temperature=0", "--weights=int8", "--kv_cache=fp8", "--json")
@@ -53,6 +54,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
   assert not os.listdir(tmp_path)  # nothing written
 
 
+@pytest.mark.slow
 def test_launch_scripts_fill_and_reuse_the_compilation_cache(tiny_pair, tmp_path):
   cache = tmp_path / "cache"
   args = ["launch/sample.py", f"--checkpoint={tiny_pair['student']}", "--prompt_ids=5,6,7", "--max_new_tokens=6",
@@ -89,6 +91,7 @@ def test_xm_launch_builds_train_arguments_and_rejects_bad_input():
     assert result.returncode == 2 and len(errors) == 1 and message in errors[0], (flags, result.stderr[-1500:])
 
 
+@pytest.mark.slow
 def test_admit_exit_codes(tiny_pair, tmp_path):
   base = ["launch/admit.py", "--config=configs/pair1.py", f"--config.teacher={tiny_pair['teacher']}",
           f"--config.student={tiny_pair['student']}", "--config.rollout.max_new_tokens=8", "--prompts=16"]

@@ -50,6 +50,7 @@ def _leftovers(parent):
   return [f for f in os.listdir(parent) if f.startswith(".")]
 
 
+@pytest.mark.slow
 def test_export_round_trip_matches_transformers(run, tiny_pair, tmp_path):
   out = str(tmp_path / "export")
   result = _export_script(f"--workdir={run}", f"--out={out}")
@@ -79,6 +80,7 @@ def test_export_round_trip_matches_transformers(run, tiny_pair, tmp_path):
   assert AutoTokenizer.from_pretrained(out, local_files_only=True) is not None
 
 
+@pytest.mark.slow
 def test_bad_step_is_one_error_line_and_leaves_nothing(run, tmp_path):
   out = tmp_path / "export"
   result = _export_script(f"--workdir={run}", f"--out={out}", "--step=7")
@@ -97,6 +99,7 @@ def test_workdir_errors(tmp_path):
   assert not os.path.exists(tmp_path / "checkpoints")
 
 
+@pytest.mark.slow
 def test_sharded_params_export_identical_files(run, tmp_path):
   """Params over 8 devices (fsdp) and on one device write the same bytes; a rerun replaces the old export."""
   graphdef, params = export.restore_params(run, step=1)
@@ -121,6 +124,7 @@ def test_sharded_params_export_identical_files(run, tmp_path):
   assert not _leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_bfloat16_export_and_failed_export_keeps_old(run, tmp_path, monkeypatch):
   graphdef, params = export.restore_params(run)
   student = export.read_run_config(run).student
@@ -157,6 +161,7 @@ print(f"processes={jax.process_count()} devices={jax.device_count()} not_fully_a
 """
 
 
+@pytest.mark.slow
 def test_two_processes_export_like_one(run, tmp_path):
   """Two processes (2 devices each) gather each tensor across processes; process 0 writes the same bytes."""
   with socket.socket() as s:

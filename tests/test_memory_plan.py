@@ -33,6 +33,7 @@ def tiny_result(tiny_plan):
   return mp.plan_memory(tiny_plan)
 
 
+@pytest.mark.slow
 def test_json_fields_are_present_and_consistent(tiny_result):
   out = json.loads(json.dumps(tiny_result.to_json()))
   assert set(out["programs"]) == {"sampler", "teacher_score", "train_step", "eval_sampler", "eval_reverse_kl"}
@@ -59,6 +60,7 @@ def test_bigger_batch_bigger_train_step_peak(tiny_plan, tiny_result):
   assert mp.compile_memory(program).peak_bytes > tiny_result.programs["train_step"].peak_bytes
 
 
+@pytest.mark.slow
 def test_less_device_memory_flips_fits_and_shrinks_the_micro_batch(tiny_plan, tiny_result):
   # Just below the train step's total at the whole batch: the batch no longer fits, half of it does.
   small = dataclasses.replace(tiny_plan, device_memory_bytes=tiny_result.totals["train_step"] - 1)
@@ -91,6 +93,7 @@ def test_cli_bad_input_is_one_line_and_exit_2():
   assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_disaggregated_plan_counts_each_pool_and_host_snapshots(tiny_plan):
   """Sampler on device 0 (fp8, staleness 2), learner on device 1: the sampler's residents count only in its
   pool; with snapshots on the host they leave device memory."""

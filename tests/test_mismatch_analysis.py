@@ -25,6 +25,7 @@ def fp8_scan(cal):
   return scan(cal, "fp8", RolloutConfig(max_new_tokens=12))
 
 
+@pytest.mark.slow
 def test_scan_covers_every_group_and_ranks(fp8_scan):
   rows = fp8_scan
   names = {r["name"] for r in rows}
@@ -33,6 +34,7 @@ def test_scan_covers_every_group_and_ranks(fp8_scan):
   assert all(r["k3"] >= 0 for r in rows) and rows[0]["k3"] > 0
 
 
+@pytest.mark.slow
 def test_fit_recipe_keeps_layers_until_target(cal, fp8_scan):
   rollout = RolloutConfig(max_new_tokens=12)
   rows = fp8_scan
@@ -57,6 +59,7 @@ def test_recipe_file_round_trips_into_the_pair_config(cal, tmp_path):
     common.pair_config("pair1", "fast")
 
 
+@pytest.mark.slow
 def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
   rollout = RolloutConfig(max_new_tokens=12)
   zero = analyze(cal, rollout, 0.0)
@@ -72,6 +75,7 @@ def test_prefix_shift_is_zero_without_noise_and_appears_with_it(cal):
   assert noisy["corrections"]["seq_tis"]["ess"] < noisy["corrections"]["tis"]["ess"] <= 1.0  # whole-sequence ratios
 
 
+@pytest.mark.slow
 def test_admission_staleness_grows_with_lag(tiny_pair, cal):
   """Lagged versions come from real updates after a burn-in: lag 1 is already a nonzero mismatch."""
   from opd_jax.screening.admission import measure_candidate

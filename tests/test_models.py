@@ -16,6 +16,8 @@ from opd_jax.models.hf_io import hf_name
 from tests import checkpoints
 
 FAMILIES = checkpoints.FAMILIES
+# The fast tier (pytest -m "not slow") checks parity on one family; the full suite on all.
+FAMILIES_FAST_ONE = [pytest.param(f, marks=() if f == "qwen3" else pytest.mark.slow) for f in FAMILIES]
 
 
 def _torch_logits(model, tokens, mask=None, positions=None):
@@ -28,7 +30,7 @@ def _torch_logits(model, tokens, mask=None, positions=None):
     return model(torch.tensor(tokens), **kwargs).logits.numpy()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES_FAST_ONE)
 def test_logits_match_transformers(tiny_checkpoints, family):
   path = tiny_checkpoints[family]
   tokens = np.random.RandomState(1).randint(0, checkpoints.VOCAB, (3, 19))
@@ -38,7 +40,7 @@ def test_logits_match_transformers(tiny_checkpoints, family):
   assert np.abs(ours - ref).max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES_FAST_ONE)
 def test_left_padded_logits_match_transformers(tiny_checkpoints, family):
   path = tiny_checkpoints[family]
   tokens = np.random.RandomState(2).randint(3, checkpoints.VOCAB, (2, 12))
@@ -53,7 +55,7 @@ def test_left_padded_logits_match_transformers(tiny_checkpoints, family):
   np.testing.assert_allclose(ours[0, 5:], alone[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES_FAST_ONE)
 def test_export_round_trips_through_transformers(tiny_checkpoints, family, tmp_path):
   model = load_pretrained(tiny_checkpoints[family])
   save_pretrained(model, str(tmp_path / "out"))
@@ -238,7 +240,8 @@ def _assert_close(got, want, valid, logits_atol, grad_rtol):
 _FUSED_LOGITS_ATOL, _FUSED_GRAD_RTOL = 1e-5, 1e-5
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES_FAST_ONE)
 def test_fused_attention_matches_reference(tiny_checkpoints, family):
   """jax.nn.dot_product_attention (xla; auto, which is xla today, forward only) == the einsum reference on real
   positions, with GQA and left padding; no NaN in logits or gradients, though padding queries have no real key."""
@@ -251,7 +254,8 @@ def test_fused_attention_matches_reference(tiny_checkpoints, family):
   np.testing.assert_allclose(auto[np.asarray(valid)], reference[0][np.asarray(valid)], atol=_FUSED_LOGITS_ATOL)
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "dots_saveable"])
+@pytest.mark.parametrize("remat", ["none", pytest.param("full", marks=pytest.mark.slow),
+                                   pytest.param("dots_saveable", marks=pytest.mark.slow)])
 def test_scanned_layers_match_unrolled(tiny_checkpoints, remat):
   """The scanned layer stack gives the unrolled loop's logits and per-layer parameter gradients, under each
   remat: exactly with the einsum attention (1e-6 is the bar). Between remat settings, and between the two

@@ -50,6 +50,7 @@ def _flip_a_bit_in_the_largest_array_file(step_dir):
     f.write(bytes([byte ^ 0x10]))
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_through_preemption_and_a_damaged_checkpoint(tiny_pair, tmp_path):
   """SIGTERM to process 1 during step 4: JAX's preemption service stops both processes at the same step with a
   checkpoint there (exit 143, one line each). A bit then flipped in that checkpoint is found by one process

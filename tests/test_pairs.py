@@ -22,6 +22,7 @@ def test_shipped_weights_fit_the_size_budget():
   assert 0 < total <= 25 * 2 ** 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", sorted(PAIRS))
 def test_pair_accuracy_matches_build_info(pair):
   with open(os.path.join(ASSETS, pair, "build_info.json")) as f:

@@ -89,6 +89,7 @@ def test_prune_writes_a_model_and_is_idempotent(teacher_dir, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["student"]  # nothing half-written
 
 
+@pytest.mark.slow
 def test_real_model_config_runs_end_to_end_on_a_tiny_gguf(tmp_path):
   """configs/smollm2.py:runlocal, pointed at a tiny GGUF: prepares the pair, distills, evaluates the teacher and
   the student (teacher-forced KL, capitals accuracy), writes samples and exports; a rerun reuses the pair."""

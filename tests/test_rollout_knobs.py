@@ -37,14 +37,16 @@ def test_no_knobs_is_zero_mismatch(tiny_checkpoints):
   assert _mismatch(tiny_checkpoints["qwen3"], RolloutConfig(max_new_tokens=12)) < 1e-5
 
 
-@pytest.mark.parametrize("knob", [dict(weights="int8"), dict(weights="fp8"), dict(weights="fp8_e5m2"),
-                                  dict(weights="fp8_tensor"), dict(weights="bf16"), dict(kv_cache="int8"),
-                                  dict(kv_cache="fp8"), dict(kv_cache="bf16"), dict(kv_cache="fp8_e5m2")])
+@pytest.mark.parametrize("knob", [dict(weights="int8"), dict(kv_cache="int8")] + [  # the fast tier: these two
+    pytest.param(knob, marks=pytest.mark.slow) for knob in (
+        dict(weights="fp8"), dict(weights="fp8_e5m2"), dict(weights="fp8_tensor"), dict(weights="bf16"),
+        dict(kv_cache="fp8"), dict(kv_cache="bf16"), dict(kv_cache="fp8_e5m2"))])
 def test_each_precision_knob_is_small_and_nonzero(tiny_checkpoints, knob):
   error = _mismatch(tiny_checkpoints["llama"], RolloutConfig(max_new_tokens=12, **knob))
   assert 1e-6 < error < 0.5, (knob, error)  # e5m2 (2 mantissa bits) is the coarsest, ~0.2 here
 
 
+@pytest.mark.slow
 def test_int4_is_coarser_than_int8_for_weights_and_kv_and_int3_coarser_still(tiny_checkpoints):
   path = tiny_checkpoints["qwen2"]
   for field in ("weights", "kv_cache"):
@@ -54,18 +56,21 @@ def test_int4_is_coarser_than_int8_for_weights_and_kv_and_int3_coarser_still(tin
   assert int3 > int4, (int3, int4)
 
 
+@pytest.mark.slow
 def test_fp8_is_coarser_than_int8(tiny_checkpoints):
   path = tiny_checkpoints["qwen2"]
   assert _mismatch(path, RolloutConfig(max_new_tokens=12, weights="fp8")) > _mismatch(
       path, RolloutConfig(max_new_tokens=12, weights="int8"))
 
 
+@pytest.mark.slow
 def test_mismatch_grows_with_noise_sigma(tiny_checkpoints):
   errors = [_mismatch(tiny_checkpoints["qwen3"], RolloutConfig(max_new_tokens=12, noise_sigma=s))
             for s in (0.0, 0.01, 0.03, 0.1)]
   assert errors[0] < 1e-5 and errors == sorted(errors) and errors[1] > 1e-4, errors
 
 
+@pytest.mark.slow
 def test_noise_has_exact_relative_norm_and_is_reproducible(tiny_checkpoints):
   state = nnx.state(load_pretrained(tiny_checkpoints["qwen2"]))
   noisy = add_relative_noise(state, 0.05, jax.random.key(7))
@@ -115,6 +120,7 @@ def test_per_layer_rules_first_match_wins(tiny_checkpoints):
   assert out["layers"][1]["self_attn"]["q_proj"]["kernel"].get_value().dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_quantized_embedding_lookup_matches_dense(tiny_checkpoints):
   model = load_pretrained(tiny_checkpoints["qwen3"])  # tied: the table is also the output head
   graphdef, state = nnx.split(model)
@@ -203,6 +209,7 @@ def test_weight_sync_quantizes_on_the_learner_and_moves_only_the_recipe_to_the_s
   assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in dense(sampler_state))
 
 
+@pytest.mark.slow
 def test_staleness_changes_sampler_exactly_when_params_differ(tiny_checkpoints):
   model = load_pretrained(tiny_checkpoints["qwen3"])
   graphdef, state = nnx.split(model)

@@ -44,8 +44,10 @@ def test_greedy_matches_transformers_generate(tiny_checkpoints, family):
     assert np.asarray(out.tokens_BxN[row, :n]).tolist() == ref
 
 
-@pytest.mark.parametrize("family,temperature", [(family, 1.0) for family in checkpoints.FAMILIES]
-                         + [("qwen3", 0.7)])  # every family once; temperature scaling once
+@pytest.mark.parametrize("family,temperature", [pytest.param(family, 1.0, marks=() if family == "llama" else
+                                                             pytest.mark.slow) for family in checkpoints.FAMILIES]
+                         + [pytest.param("qwen3", 0.7, marks=pytest.mark.slow)])  # every family once; temperature
+                                                                                    # scaling once (fast tier: llama)
 def test_sampler_logprobs_equal_learner_recomputation(tiny_checkpoints, family, temperature):
   config = SamplingConfig(max_new_tokens=12, temperature=temperature, eos_ids=(EOS,), pad_id=PAD,
                           decode_chunk=4)
@@ -87,6 +89,7 @@ def test_top_k_top_p_logprobs_are_renormalized():
       np.testing.assert_allclose(np.exp(np.asarray(logps)[np.asarray(tokens) == t]), p, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_sampler_on_its_own_mesh_matches_one_device(tiny_checkpoints):
   """Explicit shardings on a (data x tensor) inference mesh: outputs over rows, the weights and the KV cache's
   2 heads split over tensor=2, the same tokens as one device. (Native KV: with a quantized cache the sharded
@@ -136,6 +139,7 @@ def _prefill_rows(sampler, *args) -> set[int]:
   return rows
 
 
+@pytest.mark.slow
 def test_group_sampling_prefills_each_prompt_once_and_equals_repeated_prompts(tiny_checkpoints):
   kv_dtype = "int8"  # the repeated cache carries its scales too
   model = load_pretrained(tiny_checkpoints["qwen3"])
@@ -160,6 +164,7 @@ def test_group_sampling_prefills_each_prompt_once_and_equals_repeated_prompts(ti
     Sampler(graphdef, dataclasses.replace(config, samples_per_prompt=5))(state, tokens, valid, jax.random.key(9))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_dtype", ["native", "int8"])
 def test_chunked_decode_equals_one_loop_over_the_full_cache(tiny_checkpoints, kv_dtype):
   outs = [_sample(tiny_checkpoints["qwen3"], SamplingConfig(max_new_tokens=10, temperature=1.0, eos_ids=(EOS,),
@@ -185,6 +190,7 @@ def test_kv_cache_grows_with_empty_slots_and_refuses_to_shrink():
     grown.grow(4)
 
 
+@pytest.mark.slow
 def test_top_logprobs_are_returned(tiny_checkpoints):
   config = SamplingConfig(max_new_tokens=5, temperature=0.0, eos_ids=(), pad_id=PAD, logits_top_k=4)
   model, tokens, valid, out = _sample(tiny_checkpoints["qwen2"], config)
