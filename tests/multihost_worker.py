@@ -18,11 +18,6 @@ from opd_jax.train.loop import train  # noqa: E402
 from opd_jax.train.preemption import Preempted  # noqa: E402
 from opd_jax.train.rollouts import RolloutProducer  # noqa: E402
 
-if os.environ.get("OPD_JAX_TEST_XLA_CACHE"):  # the test session's shared compilation cache (tests/conftest.py)
-  import jax
-  jax.config.update("jax_compilation_cache_dir", os.environ["OPD_JAX_TEST_XLA_CACHE"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  jax.config.update("jax_compilation_cache_max_size", 8 * 2**30)
 coordinator, num_processes, process_id = (sys.argv[5], int(sys.argv[6]), int(sys.argv[7])) if len(sys.argv) > 5 \
     else ("", 1, 0)
 distributed.initialize(coordinator, num_processes, process_id)
