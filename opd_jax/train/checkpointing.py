@@ -39,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import gc
-import hashlib
 import json
 import logging
 import os
@@ -53,6 +52,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from opd_jax.errors import InputError
+from opd_jax.models.gguf_import import sha256
 
 # Files that every finished step holds (relative to the step directory), whatever the arrays are.
 _REQUIRED_FILES = ("_CHECKPOINT_METADATA", "arrays/_METADATA", "meta/metadata")
@@ -245,14 +245,6 @@ def _step_files(step_dir: str) -> list[str]:
   return sorted(f for f in files if f != MANIFEST)
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def _write_manifest_if_kept(step_dir: str) -> None:
   """write_manifest, unless max_to_keep removed the step before its turn came (then there is nothing to seal)."""
   try:
@@ -264,7 +256,7 @@ def _write_manifest_if_kept(step_dir: str) -> None:
 
 def write_manifest(step_dir: str) -> None:
   """checksums.json of a finished step (atomically: a temporary file, then a rename)."""
-  manifest = {"sha256": {name: _sha256(os.path.join(step_dir, name)) for name in _step_files(step_dir)}}
+  manifest = {"sha256": {name: sha256(os.path.join(step_dir, name)) for name in _step_files(step_dir)}}
   path = os.path.join(step_dir, MANIFEST)
   with open(path + ".tmp", "w") as f:
     json.dump(manifest, f, indent=0)
@@ -292,7 +284,7 @@ def verify_manifest(step_dir: str, share: tuple[int, int] = (0, 1)) -> None:
     raise _Unreadable(f"{extra[0]} is not in {MANIFEST} (a file added after the save)")
   index, count = share
   for name in sorted(expected)[index::count]:
-    if _sha256(os.path.join(step_dir, name)) != expected[name]:
+    if sha256(os.path.join(step_dir, name)) != expected[name]:
       raise _Unreadable(f"{name} does not match its checksum in {MANIFEST} (its bytes changed after the save)")
 
 
