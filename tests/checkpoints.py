@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 FAMILIES = ("qwen3", "llama", "qwen2")
 VOCAB = 61
 
@@ -63,3 +65,17 @@ def make_tiny_pair(root: str, family: str = "qwen3") -> dict[str, str]:
     save_pretrained(Decoder(config, rngs=nnx.Rngs(seed)), paths[role])
     build_char_tokenizer(paths[role])
   return paths
+
+
+def flip_a_bit_in_the_largest_array_file(step_dir: str) -> None:
+  """One bit flipped in the middle of an orbax checkpoint step's largest array file: same length, same names,
+  other bytes (what a checksum must catch)."""
+  import glob
+
+  files = [f for f in glob.glob(os.path.join(step_dir, "arrays", "**", "*"), recursive=True) if os.path.isfile(f)]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.seek(os.path.getsize(largest) // 2)
+    byte = f.read(1)[0]
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte ^ 0x10]))

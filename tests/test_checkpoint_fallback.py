@@ -18,6 +18,7 @@ import pytest
 from opd_jax.errors import InputError
 from opd_jax.train.checkpointing import CheckpointMismatch, Checkpointer
 from opd_jax.train.workdir_lock import WorkdirLock
+from tests import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = (1, 2, 3)
@@ -64,17 +65,6 @@ def _truncate_largest_data_file(step_dir):
     f.truncate(os.path.getsize(largest) // 2)
 
 
-def _flip_a_byte_in_the_largest_data_file(step_dir):
-  """One bit flipped in the middle of the largest array file: same length, same names, other bytes."""
-  files = [f for f in glob.glob(os.path.join(step_dir, "arrays", "**", "*"), recursive=True) if os.path.isfile(f)]
-  largest = max(files, key=os.path.getsize)
-  with open(largest, "r+b") as f:
-    f.seek(os.path.getsize(largest) // 2)
-    byte = f.read(1)[0]
-    f.seek(-1, os.SEEK_CUR)
-    f.write(bytes([byte ^ 0x10]))
-
-
 def _overwrite(path, text):
   with open(path, "w") as f:
     f.write(text)
@@ -83,7 +73,7 @@ def _overwrite(path, text):
 _CHANGED = "does not match its checksum in checksums.json (its bytes changed after the save)"
 DAMAGES = {  # name: (damage the step directory, what the reason says with the checksum manifest, without it)
     "truncated data file": (_truncate_largest_data_file, _CHANGED, "OUT_OF_RANGE"),
-    "bit flipped in a data file": (_flip_a_byte_in_the_largest_data_file, _CHANGED, None),
+    "bit flipped in a data file": (checkpoints.flip_a_bit_in_the_largest_array_file, _CHANGED, None),
     "_CHECKPOINT_METADATA deleted": (lambda step_dir: os.remove(os.path.join(step_dir, "_CHECKPOINT_METADATA")),
                                      "_CHECKPOINT_METADATA is missing", "_CHECKPOINT_METADATA is missing"),
     "arrays/_METADATA deleted": (lambda step_dir: os.remove(os.path.join(step_dir, "arrays", "_METADATA")),
@@ -115,7 +105,7 @@ def test_without_the_manifest_a_flipped_bit_reads_back_as_other_numbers(tmp_path
   """Why the manifest exists: orbax / zarr alone restore the damaged step, with a value or a few changed."""
   _save_three(tmp_path).close()
   os.remove(tmp_path / "3" / "checksums.json")
-  _flip_a_byte_in_the_largest_data_file(str(tmp_path / "3"))
+  checkpoints.flip_a_bit_in_the_largest_array_file(str(tmp_path / "3"))
   checkpointer = Checkpointer(str(tmp_path), keep=5)
   restored = checkpointer.restore_latest_intact(_make_abstract())
   assert restored.step == 3 and restored.skipped == []

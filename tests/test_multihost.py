@@ -2,7 +2,6 @@
 metrics (to 1e-4) as one process with four devices (same global mesh, same global batches), also when the
 two-process run is preempted and its newest checkpoint is then damaged."""
 
-import glob
 import json
 import os
 import socket
@@ -12,6 +11,7 @@ import sys
 import pytest
 
 from opd_jax.train import distributed
+from tests import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,16 +40,6 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
-def _flip_a_bit_in_the_largest_array_file(step_dir):
-  files = [f for f in glob.glob(os.path.join(step_dir, "arrays", "**", "*"), recursive=True) if os.path.isfile(f)]
-  largest = max(files, key=os.path.getsize)
-  with open(largest, "r+b") as f:
-    f.seek(os.path.getsize(largest) // 2)
-    byte = f.read(1)[0]
-    f.seek(-1, os.SEEK_CUR)
-    f.write(bytes([byte ^ 0x10]))
-
-
 @pytest.mark.slow
 def test_two_processes_train_like_one_through_preemption_and_a_damaged_checkpoint(tiny_pair, tmp_path):
   """SIGTERM to process 1 during step 4: JAX's preemption service stops both processes at the same step with a
@@ -64,12 +54,12 @@ def test_two_processes_train_like_one_through_preemption_and_a_damaged_checkpoin
   stops = [[line for line in output.splitlines() if line.startswith("preempted: ")] for output in preempted]
   assert all(len(lines) == 1 for lines in stops) and stops[0] == stops[1], stops
   assert "a preemption notice (SIGTERM) reached this run; every process stopped" in stops[0][0]
-  checkpoints = sorted(os.listdir(two / "checkpoints"), key=int)
-  stopped_at = int(checkpoints[-1])
-  assert checkpoints == ["3", str(stopped_at)] and 4 <= stopped_at < 6 and f"after step {stopped_at} " in stops[0][0]
+  saved = sorted(os.listdir(two / "checkpoints"), key=int)
+  stopped_at = int(saved[-1])
+  assert saved == ["3", str(stopped_at)] and 4 <= stopped_at < 6 and f"after step {stopped_at} " in stops[0][0]
   assert max(r["step"] for r in _rows(two)) == stopped_at
 
-  _flip_a_bit_in_the_largest_array_file(str(two / "checkpoints" / str(stopped_at)))
+  checkpoints.flip_a_bit_in_the_largest_array_file(str(two / "checkpoints" / str(stopped_at)))
   port = _free_port()
   workers = [_start(tiny_pair, two, 2, f"localhost:{port}", 2, i) for i in range(2)]
   outputs = [_finish(process) for process in workers + [single]]
