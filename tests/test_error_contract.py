@@ -1,13 +1,12 @@
 """The error contract of every launch script, table-driven: each bad input exits 2 with exactly one `error:` line
 naming the culprit, no traceback, and leaves nothing behind in its folder.
 
-The selected cases run concurrently once (a module fixture); each case is then its own test. Most fail while the
-flags are parsed (a fraction of a second); the rest load a tiny checkpoint.
+The selected cases run once (a module fixture), two at a time, each a process of its own; each case is then its own
+test. Most fail while the flags are parsed (a fraction of a second); the rest load a tiny checkpoint.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import shutil
@@ -219,27 +218,38 @@ def _setup(case_id: str, d: str, pair: dict) -> dict:
   return values
 
 
-def _run_case(case, root: str, pair: dict):
-  case_id, *args, _ = case
-  d = os.path.join(root, case_id)
-  os.makedirs(d)
-  values = _setup(case_id, d, pair)
-  before = sorted(os.listdir(d))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
-  result = subprocess.run([sys.executable, *(a.format(**values) for a in args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-  return result, before, sorted(os.listdir(d))
-
-
 @pytest.fixture(scope="module")
 def outcomes(request, tiny_pair, tmp_path_factory):
-  """Only the cases this session selected (pytest -k ...) run."""
+  """Only the cases this session selected (pytest -k ...) run: each a process of its own, forked by
+  tests/preloaded.py from one process that has imported jax and the package already (that import is ~2 s of
+  each case's ~2.5 s)."""
   selected = {item.callspec.params["case"][0] for item in request.session.items
               if item.module is request.module and getattr(item, "originalname", "") == "test_bad_input"}
   root = str(tmp_path_factory.mktemp("error_contract"))
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    futures = {case[0]: pool.submit(_run_case, case, root, tiny_pair) for case in CASES if case[0] in selected}
-    return {case_id: future.result() for case_id, future in futures.items()}
+  jobs, cases = [], [case for case in CASES if case[0] in selected]
+  for case in cases:
+    case_id, *args, _ = case
+    d = os.path.join(root, case_id)
+    os.makedirs(d)
+    values = _setup(case_id, d, tiny_pair)
+    jobs.append({"argv": [a.format(**values) for a in args], "before": sorted(os.listdir(d)),
+                 "stdout": os.path.join(root, case_id + ".out"), "stderr": os.path.join(root, case_id + ".err")})
+  jobs_file = os.path.join(root, "jobs.json")
+  with open(jobs_file, "w") as f:
+    json.dump(jobs, f)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
+  launcher = subprocess.run([sys.executable, os.path.join(REPO, "tests", "preloaded.py"), jobs_file,
+                             "--parallel=2", "--timeout_s=300"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=900)
+  assert launcher.returncode == 0, launcher.stderr[-3000:]
+  outcomes = {}
+  for case, job, result in zip(cases, jobs, json.loads(launcher.stdout)):
+    with open(job["stderr"]) as f:
+      stderr = f.read()
+    d = os.path.join(root, case[0])
+    outcomes[case[0]] = (subprocess.CompletedProcess(job["argv"], result["returncode"], "", stderr),
+                         job["before"], sorted(os.listdir(d)))
+  return outcomes
 
 
 def test_the_table_covers_every_launch_script():
