@@ -38,13 +38,13 @@ _STEPS = flags.DEFINE_integer("steps", None, "Run length the candidate is for: p
                               "nearest horizon (default: the config's train.steps).")
 _JSON = flags.DEFINE_bool("json", False, "Also print the verdict as one JSON line.")
 _CANDIDATES = flags.DEFINE_string("candidates", None, "Many candidates: 'a=1,b=2;c=3' or a JSON / JSONL file.")
-_SHAPE = flags.DEFINE_string("shape", "qwen3-8b", "--candidates: real shape for the memory columns (configs/models).")
+_SHAPE = flags.DEFINE_string("shape", "qwen3-8b", "--candidates: real shape for the memory columns (opd_jax/assets/model_shapes).")
 _DEVICE_GB = flags.DEFINE_float("device_memory_gb", 80.0, "--candidates: device memory for the KV-token column.")
 
 
 def screen_candidates(start: float) -> bool:
-  from opd_jax.analysis.files import read_budget
-  from opd_jax.analysis.memory_plan import GIB, resolve_model
+  from opd_jax.experiments.files import read_budget
+  from opd_jax.planning.memory_plan import GIB, resolve_model
   from opd_jax.screening import admission, candidates
   from opd_jax.screening.calibration import Calibration
   for value, flag in ((_WEIGHTS.value, "--weights"), (_KV.value, "--kv_cache"), (_STALENESS.value, "--staleness"),
@@ -88,7 +88,7 @@ def run() -> bool:
   start = time.time()
   if _CANDIDATES.value is not None:
     return screen_candidates(start)
-  from opd_jax.analysis.files import read_budget
+  from opd_jax.experiments.files import read_budget
   if _PROMPTS.value < 1:
     raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")
   config = _CONFIG.value

@@ -25,7 +25,7 @@ _HOLDOUT = flags.DEFINE_string("holdout", "", "Point names excluded from calibra
 
 
 def run():
-  from opd_jax.analysis import calibrate_report
+  from opd_jax.experiments import calibrate_report
   holdout = [p for p in _HOLDOUT.value.split(",") if p]
   calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
                        holdout=holdout)

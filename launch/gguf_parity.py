@@ -73,7 +73,7 @@ def run():
         f"(logits up to {max(r['logit_scale'] for r in rows):.1f}); from a float64 forward: opd_jax "
         f"{max(r['ours_vs_f64'] for r in rows):.2e}, transformers {max(r['hf32_vs_f64'] for r in rows):.2e}")
   if _OUT.value:
-    from opd_jax.analysis.files import write_json  # .tmp then rename: never a half-written file
+    from opd_jax.experiments.files import write_json  # .tmp then rename: never a half-written file
     write_json(_OUT.value, {"gguf": _GGUF.value, "dtype": "float32", "rows": rows})
 
 

@@ -12,10 +12,10 @@ With --config it plans exactly the run `launch/train.py --config=...` executes: 
 run config (the loop and the planner build their programs with the same functions, opd_jax/train/programs.py),
 the model shapes from config.teacher / config.student (an HF directory, or a shipped shape name); any of the
 flags below given as well overrides its config field. Without --config the flags describe the run.
---teacher / --student: an HF config.json directory or a shipped real shape (configs/models/<name>). Compiles
+--teacher / --student: an HF config.json directory or a shipped real shape (opd_jax/assets/model_shapes/<name>.json). Compiles
 every program of the run with abstract shapes on --devices simulated CPU devices and prints per-device
 argument / output / temp / alias / peak GiB per program, the resident bytes between programs, the verdict and
-the largest micro-batch that fits (see opd_jax/analysis/memory_plan.py). The sampler is compiled on its own
+the largest micro-batch that fits (see opd_jax/planning/memory_plan.py). The sampler is compiled on its own
 mesh (data x --rollout_tensor): over all --devices when colocated, over the first --rollout_devices of them
 when disaggregated (the learner's mesh takes the rest). --json prints one JSON object
 instead. --measure_rss also runs the train step on real arrays on CPU and compares the prediction with the
@@ -36,8 +36,8 @@ from opd_jax.errors import InputError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config to plan (e.g. configs/real/...py).",
                                           lock_config=True)
-_TEACHER = flags.DEFINE_string("teacher", None, "Teacher: HF config dir or shipped name (configs/models).")
-_STUDENT = flags.DEFINE_string("student", None, "Student: HF config dir or shipped name (configs/models).")
+_TEACHER = flags.DEFINE_string("teacher", None, "Teacher: HF config dir or shipped name (opd_jax/assets/model_shapes).")
+_STUDENT = flags.DEFINE_string("student", None, "Student: HF config dir or shipped name (opd_jax/assets/model_shapes).")
 _BATCH = flags.DEFINE_integer("batch", 64, "Responses per train step (B).")
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 256, "Prompt length (P).")
 _RESPONSE = flags.DEFINE_integer("response_tokens", 1024, "Response length / max new tokens (R).")
@@ -75,7 +75,7 @@ _OVERRIDES = {"batch": "batch_size", "prompt_tokens": "prompt_tokens", "response
 
 def _devices() -> int:
   if _CONFIG.value is not None and not flags.FLAGS["devices"].present:
-    from opd_jax.analysis.memory_plan import devices_of_config  # jax reads XLA_FLAGS at backend start, not at import
+    from opd_jax.planning.memory_plan import devices_of_config  # jax reads XLA_FLAGS at backend start, not at import
     return devices_of_config(_CONFIG.value)
   return _DEVICES.value
 
@@ -93,7 +93,7 @@ def plan_of_config(mp):
 
 
 def run() -> None:
-  from opd_jax.analysis import memory_plan as mp
+  from opd_jax.planning import memory_plan as mp
   # Flags first, files after: the counts given on the command line are checked before any model is read.
   given = {name: flags.FLAGS[name].value for name in _OVERRIDES if flags.FLAGS[name].present}
   mp.check_numbers(device_memory_bytes=_MEMORY.value * mp.GIB, devices=_devices(),

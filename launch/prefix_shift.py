@@ -24,7 +24,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
 
 
 def run():
-  from opd_jax.analysis import prefix_shift_report
+  from opd_jax.experiments import prefix_shift_report
   try:
     sigmas = [float(s) for s in _NOISE.value]
   except ValueError:

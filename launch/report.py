@@ -31,7 +31,7 @@ _OUT = flags.DEFINE_string("out", "report", "Output directory.")
 
 
 def run():
-  from opd_jax.analysis import report
+  from opd_jax.experiments import report
   from opd_jax.errors import InputError
   validation = _VALIDATION.value
   if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
@@ -41,9 +41,9 @@ def run():
     raise InputError("--heldout_results is only read with --validate")
   if _VALIDATE.value:
     from configs import common
-    from opd_jax.analysis.calibrate_report import load_rows
-    from opd_jax.analysis.files import write_json
-    from opd_jax.analysis.validation import validate
+    from opd_jax.experiments.calibrate_report import load_rows
+    from opd_jax.experiments.files import write_json
+    from opd_jax.experiments.validation import validate
     heldout = [row for path in _HELDOUT.value for row in load_rows([path])]
     result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,

@@ -18,7 +18,7 @@ _DIR = flags.DEFINE_string("results_dir", "results", "Folder with the shipped re
 
 
 def run():
-  from opd_jax.analysis.results_tables import all_tables
+  from opd_jax.experiments.results_tables import all_tables
   if not os.path.isdir(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} is not a folder; the shipped results are in results/")
   tables = all_tables(_DIR.value)

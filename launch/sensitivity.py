@@ -26,7 +26,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
 
 
 def run():
-  from opd_jax.analysis import sensitivity_report
+  from opd_jax.experiments import sensitivity_report
   config = _CONFIG.value
   out = _OUT.value or os.path.join("runs", f"sensitivity_{config.pair}")
   sensitivity_report.run(config, _WEIGHTS.value, out, num_prompts=_PROMPTS.value, target_k3=_TARGET.value,

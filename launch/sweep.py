@@ -20,7 +20,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory (default runs/s
 
 def run() -> int:
   from configs import common
-  from opd_jax.analysis.sweep import run_sweep
+  from opd_jax.experiments.sweep import run_sweep
   from opd_jax.train.loop import train
   sweep = _CONFIG.value
   out = _WORKDIR.value or os.path.join("runs", f"sweep_{sweep.name}")

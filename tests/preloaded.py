@@ -35,7 +35,7 @@ def _preload() -> None:
   from absl import app, flags  # noqa: F401
   sys.path.insert(0, REPO)
   import opd_jax.train.loop  # noqa: F401
-  import opd_jax.analysis.report  # noqa: F401
+  import opd_jax.experiments.report  # noqa: F401
   import opd_jax.screening.admission  # noqa: F401
 
 

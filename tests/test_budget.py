@@ -7,11 +7,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from opd_jax.analysis import report
-from opd_jax.analysis.calibrate_report import build_budget, load_rows
-from opd_jax.analysis.files import read_jsonl
-from opd_jax.analysis.sweep import fill_deltas, run_sweep
-from opd_jax.analysis.validation import group_seeds, is_held_out, validate, wilson_interval
+from opd_jax.experiments import report
+from opd_jax.experiments.calibrate_report import build_budget, load_rows
+from opd_jax.experiments.files import read_jsonl
+from opd_jax.experiments.sweep import fill_deltas, run_sweep
+from opd_jax.experiments.validation import group_seeds, is_held_out, validate, wilson_interval
 from opd_jax.mismatch import budget as budget_lib
 
 

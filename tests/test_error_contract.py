@@ -113,7 +113,7 @@ CASES = [
      "--keep_layers must be a positive integer, got 0"),
     ("export_flag_before_file", "launch/export.py", "--workdir={d}/none", "--out={d}/e", "--step=-1",
      "--step must be a checkpoint step >= 0"),
-    ("ttq_flag_before_file", "launch/bench_time_to_quality.py", "--config=configs/pair1.py",
+    ("ttq_flag_before_file", "launch/bench/time_to_quality.py", "--config=configs/pair1.py",
      "--config.teacher={d}/none", "--target=1.5", "--target must be in (0, 1]"),
     ("build_pairs_flag_before_file", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/file", "unknown pair 'pair9'"),
     ("report_budget_truncated", "launch/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
@@ -134,7 +134,7 @@ CASES = [
      "--placement=disaggregated", "--rollout_devices=2", "rollout.devices"),
     ("admit_candidate_field", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/budget.json",
      "--candidates=weights=fp8;kv_cache=fp8,stalenes=2", "unknown rollout field(s) ['stalenes']"),
-    ("ttq_target", "launch/bench_time_to_quality.py", "--config=configs/pair1.py", "--target=1.5",
+    ("ttq_target", "launch/bench/time_to_quality.py", "--config=configs/pair1.py", "--target=1.5",
      "--workdir={d}/ttq", "--target must be in (0, 1]"),
     ("prefix_shift_noise", "launch/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
      "--noise"),
@@ -255,7 +255,7 @@ def outcomes(request, tiny_pair, tmp_path_factory):
 def test_the_table_covers_every_launch_script():
   scripts = {case[1] for case in CASES}
   covered = {s for s in os.listdir(os.path.join(REPO, "launch"))
-             if s.endswith(".py") and not s.startswith(("_", "bench_", "xm_", "export"))}
+             if s.endswith(".py") and not s.startswith(("_", "xm_", "export"))}
   assert covered <= {os.path.basename(s) for s in scripts}, covered  # export / xm_launch: their own tests
   assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
 
@@ -267,7 +267,7 @@ FLAG_BEFORE_FILE = {"train": "train_flag_before_file", "sample": "sample_flag_be
                     "sweep": "sweep_unknown_field", "plan_memory": "plan_flag_before_file",
                     "prefix_shift": "prefix_shift_flag_before_file", "sensitivity": "sensitivity_flag_before_file",
                     "prune": "prune_flag_before_file", "export": "export_flag_before_file",
-                    "bench_time_to_quality": "ttq_flag_before_file", "build_pairs": "build_pairs_flag_before_file",
+                    "bench/time_to_quality": "ttq_flag_before_file", "build_pairs": "build_pairs_flag_before_file",
                     "gguf_parity": "gguf_parity_texts", "admit": "admit_flag_before_file"}
 
 

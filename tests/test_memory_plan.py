@@ -1,4 +1,4 @@
-"""Memory planner (opd_jax/analysis/memory_plan.py): JSON contract, monotonicity, verdict and micro-batch search,
+"""Memory planner (opd_jax/planning/memory_plan.py): JSON contract, monotonicity, verdict and micro-batch search,
 shipped shapes and errors. One tiny config, compiled abstractly on one simulated CPU device."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from opd_jax.analysis import memory_plan as mp
+from opd_jax.planning import memory_plan as mp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model_type": "qwen3", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,

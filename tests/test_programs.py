@@ -104,8 +104,8 @@ def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
   """PlanConfig.from_config hands programs.build what the loop hands it for the same config."""
   import importlib.util
   import os
-  from opd_jax.analysis import memory_plan as mp
-  from opd_jax.train.loop import response_group
+  from opd_jax.planning import memory_plan as mp
+  from opd_jax.train.config_checks import response_group
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location("run_config", os.path.join(root, config_file))
   module = importlib.util.module_from_spec(spec)
@@ -130,7 +130,7 @@ def test_the_planner_simulates_the_devices_the_config_names():
   """plan_memory --config simulates the mesh the run would build: learner data x fsdp x tensor, plus the
   sampler's own devices when disaggregated (data=-1 means 'the rest', one way at least)."""
   import ml_collections
-  from opd_jax.analysis.memory_plan import devices_of_config
+  from opd_jax.planning.memory_plan import devices_of_config
 
   def config(data, fsdp, tensor, placement="colocated", devices=0):
     return ml_collections.ConfigDict({"mesh": {"data": data, "fsdp": fsdp, "tensor": tensor},
@@ -147,7 +147,7 @@ def test_logits_chunk_counts_tokens_per_device():
   """train.logits_chunk is per device: the loop's and the planner's whole-batch chunk is it times the devices
   the batch is split over (data x fsdp), so an fsdp-8 run's devices each get logits_chunk tokens per chunk."""
   from configs import common
-  from opd_jax.analysis import memory_plan as mp
+  from opd_jax.planning import memory_plan as mp
   config = common.config_for("pair1")
   config.mesh.fsdp = 8
   shape = mp.resolve_model("qwen3-0.6b", "--student")

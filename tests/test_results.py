@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from opd_jax.analysis.calibrate_report import build_budget, load_rows
-from opd_jax.analysis.files import read_budget, read_json
-from opd_jax.analysis.results_tables import all_tables
+from opd_jax.experiments.calibrate_report import build_budget, load_rows
+from opd_jax.experiments.files import read_budget, read_json
+from opd_jax.experiments.results_tables import all_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")

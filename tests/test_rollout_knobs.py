@@ -7,7 +7,7 @@ import pytest
 from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 
-from opd_jax.models import load_pretrained
+from opd_jax.models import load_pretrained, shapes
 from opd_jax.rollout import kv_cache, memory, precision
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.noise import add_relative_noise
@@ -254,9 +254,8 @@ def test_unknown_rollout_field_is_named():
 
 
 def test_fp8_recipe_capacity_for_real_shapes():
-  shapes = memory.shipped_shapes()
-  assert set(shapes) == {"Qwen3-8B", "Qwen3-1.7B", "Llama-3.1-8B"}
-  qwen = shapes["Qwen3-8B"]
+  qwen = shapes.load("qwen3-8b")
+  assert shapes.display_name("qwen3-8b") == "Qwen3-8B"
   assert abs(qwen.num_params() - 8.19e9) < 0.01e9
   assert sum(np.prod(s) for s in memory.parameter_shapes(qwen).values()) == qwen.num_params()
   base = memory.kv_capacity(qwen, (), "bf16", device_bytes=80 * 10 ** 9)

@@ -1,4 +1,4 @@
-"""The real-vocabulary scale pair (opd_jax/analysis/scale_pair.py), built small: tokenizer, chat template, loading."""
+"""The real-vocabulary scale pair (opd_jax/bench/scale_pair.py), built small: tokenizer, chat template, loading."""
 
 import json
 import os
@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import pytest
 
 from configs import common
-from opd_jax.analysis.scale_pair import (ENDOFTEXT, IM_END, IM_START, MAX_PROMPT_TOKENS, SCALE_TASK,
+from opd_jax.bench.scale_pair import (ENDOFTEXT, IM_END, IM_START, MAX_PROMPT_TOKENS, SCALE_TASK,
                                          build_scale_pair, special_token_ids)
 from opd_jax.data.problems import load_jsonl
 from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models.tokenizer import encode_prompt
 from opd_jax.train.data import PromptPipeline
-from opd_jax.train.loop import check_config
+from opd_jax.train.config_checks import check_config
 
 VOCAB = 4096
 

@@ -21,7 +21,8 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
 from opd_jax.errors import InputError, TrainingStopped
-from opd_jax.train.loop import check_config, train
+from opd_jax.train.config_checks import check_config
+from opd_jax.train.loop import train
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.objectives.logprobs import score
 from opd_jax.train.rollouts import RolloutProducer

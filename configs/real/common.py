@@ -1,7 +1,7 @@
 """What the shipped real-scale configs share: every setting a run at Qwen3 scale needs, with why.
 
 A real-scale config names its teacher / student as HF checkpoint directories given by the user
-(`:teacher=DIR,student=DIR` after the file name); until then they hold shipped shape names (configs/models), which
+(`:teacher=DIR,student=DIR` after the file name); until then they hold shipped shape names (opd_jax/assets/model_shapes), which
 the memory planner reads and the trainer refuses with a message saying what to give. Data is the user's JSONL
 (`:train_file=...,heldout_file=...`).
 """
@@ -17,7 +17,7 @@ def real_config(name: str, arg, *, teacher_shape: str, student_shape: str):
   args = parse_arg(arg, teacher=teacher_shape, student=student_shape, train_file="train.jsonl",
                    heldout_file="heldout.jsonl")
   c = base_config(name)
-  c.teacher = args.teacher  # an HF directory to train; a shipped shape name (configs/models) plans only
+  c.teacher = args.teacher  # an HF directory to train; a shipped shape name (opd_jax/assets/model_shapes) plans only
   c.student = args.student
   # bf16 compute for both models (float32 master weights and Adam state, float32 logits from the head); the
   # teacher is fixed, so its weights are stored in bf16 too.

@@ -1,6 +1,6 @@
 """Qwen3-1.7B -> Qwen3-0.6B on one 80 GB GPU: batch 64 x (256 prompt + 1,024 response) tokens.
 
-Plan (no GPU, no weights; shapes from configs/models):
+Plan (no GPU, no weights; shapes from opd_jax/assets/model_shapes):
   python launch/plan_memory.py --config=configs/real/qwen3_1p7b_to_0p6b.py
 Train (HF checkpoint directories and JSONL prompts of your own):
   python launch/train.py --config=configs/real/qwen3_1p7b_to_0p6b.py:teacher=/ckpt/Qwen3-1.7B,student=/ckpt/Qwen3-0.6B,train_file=train.jsonl,heldout_file=test.jsonl --workdir=runs/qwen3_0p6b

@@ -1,6 +1,6 @@
 """Qwen3-8B -> Qwen3-1.7B on 8 x 80 GB GPUs: batch 64 x (256 prompt + 1,024 response) tokens, fsdp over 8.
 
-Plan (no GPU, no weights; shapes from configs/models):
+Plan (no GPU, no weights; shapes from opd_jax/assets/model_shapes):
   python launch/plan_memory.py --config=configs/real/qwen3_8b_to_1p7b.py --devices=8
 Train (HF checkpoint directories and JSONL prompts of your own):
   python launch/train.py --config=configs/real/qwen3_8b_to_1p7b.py:teacher=/ckpt/Qwen3-8B,student=/ckpt/Qwen3-1.7B,train_file=train.jsonl,heldout_file=test.jsonl --workdir=runs/qwen3_1p7b

@@ -28,7 +28,7 @@ so the traced program does not grow with depth. Storage stays per layer (`layers
 so HF import/export, sharding rules and precision recipes see the same paths; the price is one stacked copy
 of the layer weights in the forward (and of their gradients, sliced back per layer, in the backward).
 Otherwise, and always with a cache, layers run in a Python loop. Measured compile times, including where
-scanning loses (XLA:CPU train steps), are in launch/bench_compile.py.
+scanning loses (XLA:CPU train steps), are in launch/bench/compile.py.
 `remat` wraps the layer body in jax.checkpoint: "full" saves only the layer's inputs
 (checkpoint_policies.nothing_saveable); "dots_saveable" also saves matmul outputs without batch dims
 (checkpoint_policies.dots_with_no_batch_dims_saveable: the weight projections; the attention score and

@@ -5,7 +5,7 @@ Legend: B batch, S cache slots, K kv heads, H head dim, T tokens written at once
 Layout: keys are stored [B, K, H, S] and values [B, K, S, H]: per (batch, kv head) these are the right-hand
 operands of the two attention matmuls (q @ keys, probs @ values) in the [contracted, free] form matmul
 kernels read in place. The token-major [B, S, K, H] layout made XLA transpose the whole cache of every layer
-on every decode step, and on CPU decode attention was then 3x slower (`python launch/bench_sampler.py`).
+on every decode step, and on CPU decode attention was then 3x slower (`python launch/bench/sampler.py`).
 
 kv_dtype:
   "native"    keys/values kept in the model's compute dtype (no mismatch; the default)

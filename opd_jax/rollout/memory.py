@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 
 from flax import nnx
 
@@ -20,8 +18,6 @@ from opd_jax.models.config import ModelConfig
 from opd_jax.models.decoder import Decoder
 from opd_jax.rollout import precision
 from opd_jax.rollout.kv_cache import kv_bytes_per_token
-
-SHAPES_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "model_shapes")
 
 
 def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -77,12 +73,3 @@ def kv_capacity(config: ModelConfig, rules: precision.Rules, kv_dtype: str, *, d
   free = device_bytes * (1 - reserve_fraction) - weights
   return Capacity(weights, per_token, max(int(free // per_token), 0))
 
-
-def shipped_shapes() -> dict[str, ModelConfig]:
-  """Real model shapes shipped as config.json-like files (no weights): name -> ModelConfig."""
-  out = {}
-  for file in sorted(os.listdir(SHAPES_DIR)):
-    if file.endswith(".json"):
-      with open(os.path.join(SHAPES_DIR, file)) as f:
-        out[file[:-5]] = ModelConfig.from_hf_dict(json.load(f), source=file)
-  return out

@@ -4,5 +4,5 @@ recipes (`sensitivity`) and the prefix-shift analysis (`prefix_shift`).
 
 These drive the learner (models, sampler, train step), so they sit above opd_jax.train; the pure metrics and the
 budget fit they use live below it in opd_jax.mismatch. Imports only run downward:
-models -> rollout / objectives -> mismatch -> train -> screening -> analysis -> launch.
+models -> rollout / objectives -> mismatch -> train -> screening -> planning -> experiments -> bench -> launch.
 """

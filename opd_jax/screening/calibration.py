@@ -25,7 +25,8 @@ from opd_jax.objectives.logprobs import response_hidden, score
 from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
-from opd_jax.train.loop import load_model, pair_vocab
+from opd_jax.train.config_checks import pair_vocab
+from opd_jax.train.loop import load_model
 
 
 @dataclasses.dataclass

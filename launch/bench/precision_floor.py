@@ -1,0 +1,39 @@
+"""Mixed-precision mismatch floor: k3 of a float32 / bfloat16 sampler against a float32 / bfloat16 learner with
+identical weights, with and without int8 / fp8 weight recipes.
+
+  python launch/bench/precision_floor.py --config=configs/pair1.py [--prompts=256]
+
+Goal: a bfloat16-compute learner against a float32 sampler stays at k3 <= 1e-4 on pair1.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
+_PROMPTS = flags.DEFINE_integer("prompts", 256, "Calibration prompts (held-out split).")
+
+
+def run():
+  from opd_jax.bench.precision_floor import measure_floor
+  rows = measure_floor(_CONFIG.value, _PROMPTS.value)
+  print(f"{'sampler':<9} {'learner':<9} {'weights':<8} {'k3':>10} {'k1':>10} {'vocab KL':>10}")
+  for r in rows:
+    print(f"{r['sampler_compute']:<9} {r['learner_compute']:<9} {r['weights']:<8} {r['k3']:>10.3g} {r['k1']:>10.3g} "
+          f"{r['vocab_kl']:>10.3g}")
+
+
+def main(argv):
+  del argv
+  _cli.log_devices()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  _cli.run(main, required=("config",))

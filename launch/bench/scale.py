@@ -1,0 +1,181 @@
+"""Real-vocabulary scale check: peak host memory of launch/train.py per objective on a 151,936-token pair.
+
+  python launch/bench/scale.py [--batch=32] [--response_tokens=512] [--steps=2]
+      [--objectives=reverse_kl_pg,reverse_kl,forward_kl_topk] [--extra="--config.train.micro_batch_size=8 ..."]
+      [--root=DIR] [--max_rss_gb=12]
+
+Builds (or reuses, from --root) the random Qwen3-shaped pair of opd_jax/bench/scale_pair.py, then runs
+launch/train.py on it once per objective in a child process, and prints a table: objective | peak RSS GB |
+peak RSS / one whole [B, R, V] bfloat16 tensor | wall s | last step s | mean response tokens | exit.
+Random weights rarely emit EOS, so every response runs the whole --response_tokens. The child is killed when
+its resident memory passes --max_rss_gb (reported as KILLED), so a blow-up cannot take the machine down.
+On CPU, host RSS is all the memory the run uses; on an accelerator it counts only the host side. GB = 1e9 bytes.
+"""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from absl import flags  # noqa: E402
+
+from launch import _cli  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_OBJECTIVES = flags.DEFINE_list("objectives", ["reverse_kl_pg", "reverse_kl", "forward_kl_topk"],
+                                "Objectives (config.objective.name) to run, one child process each.")
+_STEPS = flags.DEFINE_integer("steps", 2, "Learner updates per run (config.train.steps).")
+_BATCH = flags.DEFINE_integer("batch", 32, "Responses per update (config.train.batch_size); also the eval size.")
+_RESPONSE_TOKENS = flags.DEFINE_integer("response_tokens", 512, "config.rollout.max_new_tokens.")
+_EXTRA = flags.DEFINE_string("extra", "", "More --config.* overrides for every run, one shell-quoted string.")
+_ROOT = flags.DEFINE_string("root", None, "Pair directory: reused when it holds a pair, built there otherwise "
+                            "(default: a temp dir).")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 151_936, "Vocabulary of a pair built here (Qwen3: 151,936).")
+_MAX_RSS_GB = flags.DEFINE_float("max_rss_gb", 12.0, "Kill a run whose resident memory passes this (GB).")
+_TIMEOUT_S = flags.DEFINE_integer("timeout_s", 0, "Kill a run after this many seconds; 0 = no limit.")
+_CONFIG = flags.DEFINE_string("config", "configs/pair1.py", "Base config file (a Qwen3 pair config).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs' workdirs go (default: <root>/runs).")
+
+
+def _rss_bytes(pid: int) -> int:
+  """Current resident memory of `pid` from /proc; 0 once it is gone."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1]) * 1024
+  except (FileNotFoundError, ProcessLookupError, PermissionError):
+    pass
+  return 0
+
+
+def run_guarded(cmd: list[str], log_path: str, max_rss_bytes: int, timeout_s: float = 0,
+                env: dict | None = None) -> dict:
+  """Runs `cmd`, killing its process group when its RSS passes `max_rss_bytes` (or after `timeout_s`).
+
+  Returns {"exit": code, "killed": reason or "", "peak_rss_bytes": ru_maxrss of that child, "wall_s": ...}.
+  """
+  start = time.time()
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+  killed, done = [], threading.Event()
+
+  def watch():
+    while not done.wait(0.05):
+      reason = ""
+      if _rss_bytes(proc.pid) > max_rss_bytes:
+        reason = f"RSS > {max_rss_bytes / 1e9:.1f} GB"
+      elif timeout_s and time.time() - start > timeout_s:
+        reason = f"timeout {timeout_s:.0f} s"
+      if reason:
+        killed.append(reason)
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        return
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  try:
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (ru_maxrss in KiB on Linux)
+  except BaseException:  # e.g. Ctrl-C: the child runs in its own session, so end it here
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise
+  finally:
+    done.set()
+  watcher.join()
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  return {"exit": proc.returncode, "killed": killed[0] if killed else "", "peak_rss_bytes": usage.ru_maxrss * 1024,
+          "wall_s": time.time() - start}
+
+
+def _last_train_row(workdir: str) -> dict:
+  """The run's last training row of metrics.jsonl ({} when there is none)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return {}
+  rows = [json.loads(line) for line in open(path) if line.strip()]
+  train_rows = [r for r in rows if "perf/step_s" in r]
+  return train_rows[-1] if train_rows else {}
+
+
+def train_command(pair: dict, objective: str, workdir: str) -> list[str]:
+  """The launch/train.py command line of one run (everything but --extra is fixed here)."""
+  batch = _BATCH.value
+  overrides = {
+      "pair": "scale_qwen3",
+      "teacher": pair["teacher"], "student": pair["student"],
+      "data.source": "jsonl", "data.train_file": pair["train_file"], "data.heldout_file": pair["heldout_file"],
+      "data.use_chat_template": True, "data.max_prompt_tokens": 64,
+      "rollout.max_new_tokens": _RESPONSE_TOKENS.value, "objective.name": objective,
+      "train.batch_size": batch, "train.steps": _STEPS.value, "train.log_every": 1,
+      "train.eval_every": 10**9, "train.eval_size": batch, "train.eval_batch_size": batch,
+      "train.checkpoint_every": 10**9, "train.progress_bar": False,
+      "model.attention": "xla", "model.scan_layers": True,  # the real-scale defaults (pair configs pick CPU ones)
+  }
+  return ([sys.executable, os.path.join(REPO, "launch", "train.py"), f"--config={_CONFIG.value}",
+           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in overrides.items()] + shlex.split(_EXTRA.value))
+
+
+def main(argv):
+  del argv
+  from opd_jax.bench.scale_pair import build_scale_pair, pair_paths
+  root = _ROOT.value or tempfile.mkdtemp(prefix="opd_scale_")
+  pair = pair_paths(root)
+  if all(os.path.exists(path) for path in pair.values()):
+    print(f"reusing the pair in {root}", file=sys.stderr)
+  else:
+    start = time.time()
+    pair = build_scale_pair(root, vocab_size=_VOCAB_SIZE.value)
+    print(f"built the pair in {root} ({time.time() - start:.0f} s)", file=sys.stderr)
+  from opd_jax.models import read_hf_config
+  vocab = read_hf_config(pair["student"]).vocab_size
+  B, R = _BATCH.value, _RESPONSE_TOKENS.value
+  tensor_bytes = B * R * vocab * 2
+  runs_dir = _WORKDIR.value or os.path.join(root, "runs")
+  os.makedirs(runs_dir, exist_ok=True)
+  env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OPD_JAX_COMPILATION_CACHE="off")
+
+  results = []
+  for objective in _OBJECTIVES.value:
+    workdir = tempfile.mkdtemp(prefix=f"{objective}_", dir=runs_dir)
+    cmd = train_command(pair, objective, workdir)
+    print(f"[{objective}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    result = run_guarded(cmd, os.path.join(workdir, "train.log"), int(_MAX_RSS_GB.value * 1e9), _TIMEOUT_S.value,
+                         env)
+    last = _last_train_row(workdir)
+    result["step_s"], result["response_tokens"] = last.get("perf/step_s"), last.get("response_tokens")
+    result["log"] = os.path.join(workdir, "train.log")
+    if result["exit"] and not result["killed"]:
+      with open(result["log"]) as f:
+        tail = f.read().strip().splitlines()[-5:]
+      print(f"[{objective}] exit {result['exit']}; log tail:\n  " + "\n  ".join(tail), file=sys.stderr)
+    results.append((objective, result))
+    print(f"[{objective}] peak RSS {result['peak_rss_bytes'] / 1e9:.2f} GB, {result['wall_s']:.0f} s, exit "
+          f"{result['exit']} {result['killed']}".rstrip(), file=sys.stderr, flush=True)
+
+  shape = f"[{B}, {R}, {vocab}] bf16 = {tensor_bytes / 1e9:.2f} GB"
+  print(f"\nbatch {B} x {R} response tokens, vocab {vocab}, {_STEPS.value} steps; extra: {_EXTRA.value or '-'}")
+  print(f"| objective | peak RSS GB | vs one {shape} | wall s | last step s | mean response tokens | exit |")
+  print("|---|---|---|---|---|---|---|")
+  for objective, r in results:
+    step = f"{r['step_s']:.1f}" if r["step_s"] is not None else "-"
+    tokens = f"{r['response_tokens']:.0f}" if r["response_tokens"] is not None else "-"
+    status = f"KILLED ({r['killed']})" if r["killed"] else str(r["exit"])
+    peak = r["peak_rss_bytes"] / 1e9
+    print(f"| {objective} | {'>= ' if r['killed'] else ''}{peak:.2f} | {peak * 1e9 / tensor_bytes:.2f}x | "
+          f"{r['wall_s']:.0f} | {step} | {tokens} | {status} |")
+  return 1 if any(r["exit"] for _, r in results) else 0
+
+
+if __name__ == "__main__":
+  _cli.run(main)

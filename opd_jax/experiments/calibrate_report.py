@@ -1,0 +1,124 @@
+"""Budget calibration as a command: per-pair and pooled budgets on every scale, written to budget.json."""
+
+from __future__ import annotations
+
+
+from opd_jax.experiments.files import read_results, write_json
+from opd_jax.experiments.sweep import check_one_objective, fill_deltas
+from opd_jax.errors import InputError
+from opd_jax.mismatch import budget as budget_lib
+
+PRIMARY = "k3"
+
+
+def load_rows(results_paths: list[str]) -> list[dict]:
+  rows = []
+  for path in results_paths:
+    rows += fill_deltas(read_results(path))
+  check_one_objective(rows)
+  return rows
+
+
+def horizon_key(pair: str, steps, main_steps) -> str:
+  """budget.json key of a pair's budget at a run length: "pair1" at the main horizon, "pair1@75" otherwise."""
+  return pair if steps == main_steps else f"{pair}@{steps}"
+
+
+def main_horizon(rows: list[dict]):
+  """The run length most rows have (the longest on a tie); None for rows that predate the `steps` field."""
+  counts = {}
+  for r in rows:
+    counts[r.get("steps")] = counts.get(r.get("steps"), 0) + 1
+  return max(counts, key=lambda h: (counts[h], h or 0))
+
+
+def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True) -> dict:
+  """Per-pair and pooled budgets (primary scale) plus the other scales' fits (`other_scales`), from finished
+  sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
+  for that length."""
+  scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
+  usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
+  main = main_horizon(usable) if usable else None
+  horizons = sorted({r.get("steps") for r in usable}, key=lambda h: h or 0)
+  budgets, others = {}, {}
+  for h in horizons:
+    at_h = [r for r in usable if r.get("steps") == h]
+    pairs = sorted({r["pair"] for r in at_h})
+    for name, subset in [*((p, [r for r in at_h if r["pair"] == p]) for p in pairs), ("pooled", at_h)]:
+      if len(subset) < 3:
+        continue
+      key = horizon_key(name, h, main)
+      budgets[key] = {**budget_lib.calibrate(subset, scale=PRIMARY, tolerance=tolerance, relative=relative),
+                      "steps": h}
+      others[key] = {s: {k: v for k, v in budget_lib.calibrate(subset, scale=s, tolerance=tolerance,
+                                                                 relative=relative).items()
+                         if k in ("budget", "interval", "fit", "bounded")} for s in scales}
+  if not budgets:
+    raise InputError("no pair has >= 3 finished sweep points with a baseline")
+  main_rows = [r for r in usable if r.get("steps") == main]
+  pairs = sorted({r["pair"] for r in main_rows})
+  per_pair = {p: budgets[p]["budget"] for p in pairs if p in budgets}
+  transfer = {"per_pair_budgets": per_pair,
+              "max_over_min": (max(per_pair.values()) / min(per_pair.values())
+                               if len(per_pair) > 1 and min(per_pair.values()) > 0 else None),
+              "matrix": transfer_matrix(main_rows, budgets, per_pair, tolerance, relative)}
+  return {"scale": PRIMARY, "tolerance": tolerance, "tolerance_relative": relative, "steps": main,
+          "horizons": horizons, "budgets": budgets, "other_scales": others, "transfer": transfer,
+          "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps")} for r in usable]}
+
+
+def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: float, relative: bool) -> dict:
+  """matrix[A][B]: pair A's budget judging pair B's runs - how many of B's points it admits or rejects the way
+  B's real quality loss says (admit = k3 <= budget A; real ok = loss <= tolerance, B's own baseline)."""
+  matrix = {}
+  for a in per_pair:
+    matrix[a] = {}
+    for b in per_pair:
+      subset = [r for r in rows if r["pair"] == b]
+      m = [budget_lib.SCALES[PRIMARY](r["mismatch"]) for r in subset]
+      q, tol = budget_lib.quality_losses(subset, tolerance, relative)
+      agree = [(mi <= budgets[a]["budget"]) == (qi <= tol) for mi, qi in zip(m, q)]
+      matrix[a][b] = {"agree": int(sum(agree)), "n": len(agree),
+                      "wrongly_admitted": [r["point"] for r, mi, qi in zip(subset, m, q)
+                                           if mi <= budgets[a]["budget"] and qi > tol],
+                      "wrongly_rejected": [r["point"] for r, mi, qi in zip(subset, m, q)
+                                           if mi > budgets[a]["budget"] and qi <= tol]}
+  return matrix
+
+
+def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str]) -> dict:
+  if not 0 < tolerance < 1:
+    raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
+                     "of the baseline accuracy (e.g. 0.02)")
+  rows = load_rows(results_paths)
+  unknown = sorted(set(holdout) - {r["point"] for r in rows})
+  if unknown:
+    raise InputError(f"--holdout names points that are in no results file: {', '.join(unknown)}")
+  rows = [r for r in rows if r["point"] not in holdout]
+  try:
+    result = build_budget(rows, tolerance=tolerance, relative=relative)
+  except InputError as e:
+    if "no pair has" not in str(e):
+      raise
+    read = ", ".join(f"{path} ({len(read_results(path))} rows)" for path in results_paths)
+    raise InputError(f"{e} in {read}; a budget needs finished sweep points of one pair with their baseline "
+                     "(launch/sweep.py writes them)") from None
+  result.update(results=list(results_paths), holdout_points=holdout)
+  budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]
+  write_json(out, result)
+  print(f"budget on {PRIMARY} (tolerance {tolerance:g}{' of baseline' if relative else ' accuracy points'}):")
+  for key, b in budgets.items():
+    lo, hi = b["interval"]
+    name = f"{key} ({b['steps']} steps)" if b.get("steps") is not None else key
+    note = "" if b["bounded"] else "  (no quality loss observed: budget = largest mismatch tested)"
+    print(f"  {name:<18} {b['budget']:.3g}  90% interval [{lo:.3g}, {hi:.3g}]  fit r2 {b['fit']['r2']:.2f}  "
+          f"n={b['fit']['n']}{note}")
+    for scale, s in other_scales[key].items():
+      print(f"           {scale:<16} budget {s['budget']:.3g}  r2 {s['fit']['r2']:.2f}")
+  if transfer["max_over_min"] is not None:
+    print(f"per-pair budgets differ by {transfer['max_over_min']:.2f}x (max / min)")
+    for a, row in transfer["matrix"].items():
+      cells = "  ".join(f"{b} {c['agree']}/{c['n']}" for b, c in row.items())
+      print(f"  {a}'s budget judges: {cells}")
+  print(f"wrote {out}")
+  return result

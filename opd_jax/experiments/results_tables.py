@@ -1,0 +1,156 @@
+"""The README's result tables, rendered from the shipped result files (results/), so the numbers in the README
+are the numbers in the files: `python launch/results_tables.py` prints them, and tests/test_results.py checks
+that every one of them appears verbatim in README.md.
+
+Quality deltas are final held-out accuracy minus the same sweep's knob-free baseline (accuracy points).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from opd_jax.experiments import real_pair_tables
+from opd_jax.experiments.files import read_budget, read_json, read_results
+from opd_jax.experiments.sweep import fill_deltas
+
+SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
+          "corrections", "corrections_grpo")  # results/<name>.jsonl
+
+
+def _md(header: list[str], body: list[list[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(cells) + " |" for cells in body]
+  return "\n".join(lines)
+
+
+def _g(x) -> str:
+  return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def sweep_table(rows: list[dict]) -> str:
+  """One line per finished point (rows as `fill_deltas` returns them), in the files' order."""
+  body = []
+  for r in rows:
+    if r.get("status") != "ok":
+      body.append([r["pair"], r["point"], "failed", "", "", "", "", ""])
+      continue
+    m = r["mismatch"]
+    delta = r.get("delta_final_accuracy")
+    body.append([r["pair"], r["point"], _g(m.get("mismatch/k3")), _g(m.get("mismatch/k1")), _g(m.get("mismatch/tv")),
+                 f"{m.get('rollout/version_lag', 0.0):.1f}", f"{100 * r['final_accuracy']:.1f}%",
+                 "n/a" if delta is None else f"{100 * delta:+.1f}"])
+  return _md(["pair", "point", "k3", "k1", "tv", "mean lag", "final acc", "delta vs baseline"], body)
+
+
+def budget_table(budget: dict) -> str:
+  """Every budget in a budget.json: per pair and pooled, per horizon."""
+  body = []
+  for key, b in budget["budgets"].items():
+    lo, hi = b["interval"]
+    body.append([key, str(b.get("steps", "")), _g(b["budget"]), f"[{_g(lo)}, {_g(hi)}]",
+                 "yes" if b["bounded"] else "no (largest tested)", str(b["fit"]["n"])])
+  return _md(["budget", "run length (steps)", "k3 budget", "90% interval", "bounded", "runs"], body)
+
+
+def transfer_table(budget: dict) -> str:
+  """matrix[A][B]: how many of pair B's runs pair A's budget judges as B's real quality says."""
+  matrix = budget["transfer"].get("matrix", {})
+  pairs = list(matrix)
+  body = []
+  for a in pairs:
+    cells = []
+    for b in pairs:
+      c = matrix[a][b]
+      wrong = [f"admits {p}" for p in c["wrongly_admitted"]] + [f"rejects {p}" for p in c["wrongly_rejected"]]
+      cells.append(f"{c['agree']}/{c['n']}" + (f" ({'; '.join(wrong)})" if wrong else ""))
+    body.append([f"{a} ({_g(budget['budgets'][a]['budget'])})"] + cells)
+  return _md(["budget of \\ runs of"] + pairs, body)
+
+
+def validation_table(validation: dict) -> str:
+  body = []
+  for r in validation["rows"]:
+    seeds = r.get("seeds", [])
+    body.append([r["pair"], r["point"], _g(r["measured"]), f"{r.get('measured_over_budget', math.nan):.2f}x",
+                 "ADMIT" if r["admit"] else "REJECT", f"{100 * r['quality_loss']:+.1f}",
+                 ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in seeds),
+                 "ok" if r["real_ok"] else "lost", "yes" if r["agree"] else "**no**"])
+  return _md(["pair", "held-out point", "admission k3", "vs budget", "verdict", "quality loss (seed mean)",
+              "per seed", "real run", "agree"], body)
+
+
+def importance_table(rows: list[dict]) -> str:
+  """Runs that logged their importance weights: mean weight, ESS share, and the share of updates the ESS guard
+  (objective.min_ess) skipped ("-" without the guard)."""
+  body = []
+  for r in rows:
+    if r.get("status") == "ok" and "importance" in r:
+      w = r["importance"]
+      skipped = r.get("low_ess_skip_fraction")
+      body.append([r["pair"], r["point"], f"{100 * w['opd/is_weight']:.1f}%", f"{100 * w['opd/is_ess']:.1f}%",
+                   "-" if skipped is None else f"{100 * skipped:.0f}%", f"{100 * r['initial_accuracy']:.1f}%",
+                   f"{100 * r['final_accuracy']:.1f}%"])
+  return _md(["pair", "point", "mean weight", "ESS", "updates skipped", "start acc", "final acc"], body)
+
+
+def corrections_table(prefix_shift: dict) -> str:
+  """Per sigma and correction kind, from launch/prefix_shift.py's JSON."""
+  body = []
+  signed = lambda x: "n/a" if x is None else f"{x:+.4f}"
+  for row in prefix_shift["rows"]:
+    for kind, c in row.get("corrections", {}).items():
+      body.append([f"{row['sigma']:g}", kind, signed(c["k1_error"]), signed(c["shift"]), f"{100 * c['kept']:.0f}%",
+                   f"{100 * c['ess']:.0f}%"])
+  return _md(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"], body)
+
+
+def plans_table(plans: dict[str, dict]) -> str:
+  """Per-device GiB (program total with residents) of each shipped real-scale config's plan
+  (launch/plan_memory.py --config=configs/real/<name>.py --json > results/plans/<name>.json)."""
+  names = sorted(plans)
+  programs = list(dict.fromkeys(p for name in names for p in plans[name]["program_totals"]))
+  gib = lambda x: f"{x / 2**30:.2f}"
+  body = [[p] + [gib(plans[n]["program_totals"][p]) if p in plans[n]["program_totals"] else "-" for n in names]
+          for p in programs]
+  compile_s = lambda n: sum(d["compile_seconds"] for d in plans[n]["program_details"].values())
+  verdict = lambda n: (f"{'fits' if plans[n]['fits'] else 'does not fit'} "
+                       f"{plans[n]['device_memory_bytes'] / 2**30:.0f} GiB x {plans[n]['learner_devices']}, "
+                       f"micro-batch {plans[n]['micro_batch_used']}")
+  body.append(["compile (s, all programs)"] + [f"{compile_s(n):.0f}" for n in names])
+  body.append(["verdict"] + [verdict(n) for n in names])
+  header = ["program (GiB per device)"] + [f"configs/real/{n}.py" for n in names]
+  return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                   + ["| " + " | ".join(row) + " |" for row in body])
+
+
+def all_tables(results_dir: str) -> dict[str, str]:
+  """Title -> markdown table for every result file present in `results_dir` (the README's order)."""
+  tables = {}
+  for name in SWEEPS:
+    path = os.path.join(results_dir, f"{name}.jsonl")
+    if os.path.exists(path):
+      rows = fill_deltas(read_results(path))
+      tables[f"sweep {name}"] = sweep_table(rows)
+      if any("importance" in r for r in rows):
+        tables[f"importance {name}"] = importance_table(rows)
+  budget_path = os.path.join(results_dir, "budget.json")
+  if os.path.exists(budget_path):
+    budget = read_budget(budget_path)
+    tables["budgets"] = budget_table(budget)
+    if budget["transfer"].get("matrix"):
+      tables["budget transfer"] = transfer_table(budget)
+  validation_path = os.path.join(results_dir, "validation.json")
+  if os.path.exists(validation_path):
+    tables["validation"] = validation_table(read_json(validation_path, "validation file"))
+  prefix_path = os.path.join(results_dir, "prefix_shift_pair1.json")
+  if os.path.exists(prefix_path):
+    tables["corrections (prefix shift, pair1)"] = corrections_table(read_json(prefix_path, "prefix-shift file"))
+  plans_dir = os.path.join(results_dir, "plans")
+  if os.path.isdir(plans_dir):
+    plans = {f[:-len(".json")]: read_json(os.path.join(plans_dir, f), "plan file")
+             for f in sorted(os.listdir(plans_dir)) if f.endswith(".json")}
+    if plans:
+      tables["real-scale plans"] = plans_table(plans)
+  tables.update(real_pair_tables.tables(results_dir))
+  return tables
