@@ -1,7 +1,9 @@
-"""Prints the README's result tables from the shipped result files (markdown), so README numbers can be
-refreshed by copying and are checked against the files by tests/test_results.py.
+"""The results page (markdown) from the shipped result files: printed, or written to --out.
 
-  python launch/results_tables.py [--results_dir=results]
+  python launch/results_tables.py --out=docs/results.md [--results_dir=results]
+
+tests/test_results.py checks that docs/results.md is what this writes, and that every table README.md and the
+other docs pages quote is one of these, verbatim.
 """
 
 import os
@@ -15,17 +17,24 @@ from launch import _cli  # noqa: E402
 from opd_jax.errors import InputError  # noqa: E402
 
 _DIR = flags.DEFINE_string("results_dir", "results", "Folder with the shipped result files.")
+_OUT = flags.DEFINE_string("out", "", "Write the page here (whole-file write) instead of printing it.")
 
 
 def run():
-  from opd_jax.experiments.results_tables import all_tables
+  from opd_jax.experiments.files import write_text
+  from opd_jax.experiments.results_tables import all_tables, render_page
   if not os.path.isdir(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} is not a folder; the shipped results are in results/")
-  tables = all_tables(_DIR.value)
-  if not tables:
+  if _OUT.value and os.path.isdir(_OUT.value):
+    raise InputError(f"--out={_OUT.value!r} is a directory; give a file path such as docs/results.md")
+  if not all_tables(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} holds none of the result files (sources.jsonl, budget.json, ...)")
-  for title, table in tables.items():
-    print(f"### {title}\n\n{table}\n")
+  page = render_page(_DIR.value)
+  if _OUT.value:
+    write_text(_OUT.value, page)
+    print(f"wrote {_OUT.value}", file=sys.stderr)
+  else:
+    print(page, end="")
 
 
 def main(argv):

@@ -1,5 +1,6 @@
 """The shipped results (results/): every file parses with the strict readers, budget.json is what calibrate.py
-computes from the shipped sweeps, and every table the README shows from them is in README.md verbatim."""
+computes from the shipped sweeps, docs/results.md is what they generate, and every results table README.md and
+docs/ quote is current."""
 
 import os
 
@@ -7,24 +8,77 @@ import pytest
 
 from opd_jax.experiments.calibrate_report import build_budget, load_rows
 from opd_jax.experiments.files import read_budget, read_json
-from opd_jax.experiments.results_tables import all_tables
+from opd_jax.experiments.results_tables import all_tables, render_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
 
 
-def _readme() -> str:
-  with open(os.path.join(ROOT, "README.md")) as f:
+def _read(path: str) -> str:
+  with open(os.path.join(ROOT, path)) as f:
     return f.read()
 
 
-def test_every_results_table_is_in_the_readme():
+ILLUSTRATIVE = "<!-- not from results/"  # the line right above a table the docs mark as not shipped
+
+
+def _table_blocks(text: str) -> list[str]:
+  """Every markdown table of a page (maximal runs of lines that start with '|'), except those right below an
+  ILLUSTRATIVE marker."""
+  blocks, current, above = [], [], ""
+  for line in text.split("\n") + [""]:
+    if line.startswith("|"):
+      current.append(line)
+      continue
+    if current and not above.startswith(ILLUSTRATIVE):
+      blocks.append("\n".join(current))
+    if current or line.strip():
+      above = line if not current else ""
+    current = []
+  return blocks
+
+
+def test_the_results_page_is_what_the_shipped_results_generate():
   tables = all_tables(RESULTS)
-  assert {"sweep sources", "budgets", "budget transfer", "validation", "importance corrections_grpo"} <= set(tables), \
-      sorted(tables)
-  readme = _readme()
-  for title, table in tables.items():
-    assert table in readme, f"README.md does not show the current {title} table; run launch/results_tables.py"
+  assert {"sweep sources", "budgets", "budget transfer", "validation", "importance corrections_grpo",
+          "smollm2 distillation"} <= set(tables), sorted(tables)
+  assert _read("docs/results.md") == render_page(RESULTS), \
+      "docs/results.md is out of date: run python launch/results_tables.py --out=docs/results.md"
+
+
+def test_the_readme_headline_table_is_the_shipped_one():
+  assert all_tables(RESULTS)["smollm2 distillation"] in _read("README.md")
+
+
+def test_every_results_table_quoted_in_the_docs_is_current():
+  """A table in README.md or docs/*.md whose header is one of the generated tables' headers must be one of those
+  tables, verbatim (a stale copy of a results table fails here)."""
+  tables = list(all_tables(RESULTS).values())
+  by_header = {}
+  for table in tables:
+    by_header.setdefault(table.split("\n")[0], []).append(table)
+  pages = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                           if f.endswith(".md")]
+  quoted = 0
+  for page in pages:
+    for block in _table_blocks(_read(page)):
+      candidates = by_header.get(block.split("\n")[0])
+      if candidates:
+        quoted += 1
+        assert block in candidates, f"{page}: a results table differs from what results/ generates:\n{block}"
+  assert quoted >= len(tables) + 5  # results.md has them all; README and the study quote more
+
+
+def test_the_generator_checks_the_page_against_changed_results(tmp_path):
+  """The page test can fail: a changed result file changes the generated page."""
+  import shutil
+  copy = tmp_path / "results"
+  shutil.copytree(RESULTS, copy)
+  path = copy / "smollm2" / "run" / "metrics.jsonl"
+  rows = path.read_text().split("\n")
+  assert render_page(str(copy)) == render_page(RESULTS)
+  path.write_text("\n".join(rows[:-3]) + "\n")  # drop the last evaluation rows
+  assert render_page(str(copy)) != render_page(RESULTS)
 
 
 def test_budget_json_is_recomputed_from_the_shipped_sweeps():
@@ -37,13 +91,13 @@ def test_budget_json_is_recomputed_from_the_shipped_sweeps():
   for key, entry in again["budgets"].items():
     assert budget["budgets"][key]["budget"] == pytest.approx(entry["budget"], rel=1e-9), key
     assert budget["budgets"][key]["interval"] == pytest.approx(entry["interval"], rel=1e-9), key
-  # Done-when of issue 14: a bounded budget for every pair (a tested point beyond it lost quality).
+  # A bounded budget for every pair (a tested point beyond it lost quality).
   assert all(budget["budgets"][p]["bounded"] for p in ("pair1", "pair2", "pair3"))
   assert len(budget["horizons"]) >= 2
 
 
-def test_validation_rows_match_the_readme_claims():
-  """README: 9 held-out configurations, 3 seeds each, all agreeing; 7 of them within 3x of their budget; the
+def test_validation_rows_match_the_study_claims():
+  """docs/study.md: 9 held-out configurations, 3 seeds each, all agreeing; 7 of them within 3x of their budget; the
   int3 recipe loses quality beyond the tolerance on pair2 and pair3 and not on pair1."""
   validation = read_json(os.path.join(RESULTS, "validation.json"), "validation file")
   rows = validation["rows"]

@@ -27,6 +27,14 @@ def write_json(path: str, value) -> None:
   os.replace(tmp, path)
 
 
+def write_text(path: str, text: str) -> None:
+  """The whole file or nothing: written beside it, then renamed over it."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
 def append_jsonl(path: str, row: dict) -> None:
   """Appends one complete line (written and flushed in one call)."""
   with open(path, "a") as f:

@@ -1,5 +1,5 @@
-"""The README's tables for the real pair (SmolLM2-135M-Instruct -> its pruned copy), rendered from the shipped
-files under results/smollm2/ (how each is made is in README):
+"""The tables for the real pair (SmolLM2-135M-Instruct -> its pruned copy), rendered from the shipped
+files under results/smollm2/ (how each is made is in docs/real_pair.md):
 
   run/metrics.jsonl, run/samples.jsonl   the main command's run (launch/train.py --config=configs/smollm2.py)
   depth/L<N>.jsonl                       step-0 evaluations of students pruned to N layers (train.steps=0)

@@ -1,6 +1,7 @@
-"""The README's result tables, rendered from the shipped result files (results/), so the numbers in the README
-are the numbers in the files: `python launch/results_tables.py` prints them, and tests/test_results.py checks
-that every one of them appears verbatim in README.md.
+"""The result tables, rendered from the shipped result files (results/), so the numbers in the docs are the
+numbers in the files: `python launch/results_tables.py --out=docs/results.md` writes the results page, and
+tests/test_results.py checks that docs/results.md is what results/ generates, and that every table the README and
+the other docs pages quote is one of these, verbatim.
 
 Quality deltas are final held-out accuracy minus the same sweep's knob-free baseline (accuracy points).
 """
@@ -125,7 +126,7 @@ def plans_table(plans: dict[str, dict]) -> str:
 
 
 def all_tables(results_dir: str) -> dict[str, str]:
-  """Title -> markdown table for every result file present in `results_dir` (the README's order)."""
+  """Title -> markdown table for every result file present in `results_dir` (the results page's order)."""
   tables = {}
   for name in SWEEPS:
     path = os.path.join(results_dir, f"{name}.jsonl")
@@ -154,3 +155,36 @@ def all_tables(results_dir: str) -> dict[str, str]:
       tables["real-scale plans"] = plans_table(plans)
   tables.update(real_pair_tables.tables(results_dir))
   return tables
+
+
+PAGE_HEADER = """# Results
+
+Every table below is rendered from the result files shipped in `results/` by
+`python launch/results_tables.py --out=docs/results.md`; do not edit this page by hand (a test fails when it is
+not what `results/` generates). How each file is made, and what the numbers mean, is in [study.md](study.md)
+(the embedded pairs), [real_pair.md](real_pair.md) (SmolLM2) and [real_scale.md](real_scale.md) (plans).
+"""
+
+
+def source_of(title: str) -> str:
+  """The shipped file (or folder) a table of all_tables is rendered from."""
+  kind, _, name = title.partition(" ")
+  if kind in ("sweep", "importance"):
+    return f"results/{name}.jsonl"
+  if title.startswith("budget"):
+    return "results/budget.json"
+  if title == "validation":
+    return "results/validation.json"
+  if title.startswith("corrections (prefix shift"):
+    return "results/prefix_shift_pair1.json"
+  if title == "real-scale plans":
+    return "results/plans/"
+  return "results/smollm2/"
+
+
+def render_page(results_dir: str) -> str:
+  """docs/results.md: every table of all_tables, each under its title with the file it comes from."""
+  parts = [PAGE_HEADER]
+  for title, table in all_tables(results_dir).items():
+    parts.append(f"## {title}\n\nFrom `{source_of(title)}`.\n\n{table}\n")
+  return "\n".join(parts)

@@ -19,7 +19,7 @@ tokens a_t. Log-probs and logits are float32.
                    geo_reject  1[geo_lo <= g <= geo_hi]      (rejects whole sequences whose rollout drifted,
                                                               e.g. verl's geometric rejection sampling)
                  Token weights correct which token was drawn at a prefix; only sequence weights can also
-                 reweight which prefixes were reached (README, prefix-shift table). Zero weights keep their
+                 reweight which prefixes were reached (docs/study.md, prefix-shift table). Zero weights keep their
                  tokens in the loss's denominator (the token mean of the batch), as mis does.
                  Guard: the batch's effective sample size ESS = (sum w)^2 / (N sum w^2) over its N response
                  tokens (1 when every weight is equal) is logged as opd/is_ess; with `min_ess` > 0 an update whose

@@ -30,7 +30,7 @@ Shorthands for a whole model: `none`, `bf16` (every parameter), `int8` / `int4` 
 common int8/fp8 serving recipes). With `embedding=True` the int8/fp8 shorthands also store the input embedding
 table at that precision (per-row scales; a lookup, so only the looked-up rows are dequantized). With tied
 embeddings that table is the LM head too. At Qwen3-8B shapes this takes fp8 sampler weights from 0.58x to 0.54x of
-bf16 (README "Scaling the rollout engine").
+bf16 (docs/rollout_engine.md).
 """
 
 from __future__ import annotations
