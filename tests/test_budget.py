@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import ml_collections
 import numpy as np
@@ -198,10 +199,14 @@ def test_report_renders_every_given_section(tmp_path):
   results.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
   budget = build_budget(_rows(), tolerance=0.03, relative=False)
   (tmp_path / "budget.json").write_text(json.dumps(budget))
-  path = report.build([str(results)], str(tmp_path / "report"), budget=str(tmp_path / "budget.json"))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    path = report.build([str(results)], str(tmp_path / "report"), budget=str(tmp_path / "budget.json"))
+  assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []  # e.g. an empty legend
   page = open(path).read()
-  assert page.count("data:image/png;base64") == 3
-  for section in ("Quality vs mismatch", "Budget", "KV-cache capacity", "Not included"):
+  assert page.count("data:image/png;base64") == 2  # noise only: no quantization-per-pair figure
+  for section in ("Quality vs mismatch", "Budget", "KV-cache capacity", "Not included", "No data for staleness",
+                  "Not drawn (no data in the given results): quantization mismatch per pair"):
     assert section in page
   assert "Qwen3-8B" in page
   with pytest.raises(ValueError, match="does not exist"):
@@ -219,3 +224,98 @@ def test_unbounded_pair_budget_borrows_the_pooled_one():
   assert pick_budget({"budgets": {"pooled": pooled}}, "pair3") == ("pooled", pooled, "")
   with pytest.raises(ValueError, match="no budget for pair 'pair3'"):
     pick_budget({"budgets": {"pair2": own}}, "pair3")
+
+
+def _write_rows(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def _captured_figures(monkeypatch):
+  """The report's figures by file name, kept after they are saved."""
+  figures, save = {}, report._save
+  monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(os.path.basename(path), fig) and
+                      save(fig, path))
+  return figures
+
+
+def _axis(fig, title):
+  return next(ax for ax in fig.axes if title in ax.get_title())
+
+
+def _plotted(ax):
+  """Artists on ax that hold data points (lines, scatter collections, bars)."""
+  from matplotlib.collections import PathCollection
+  lines = [line for line in ax.get_lines() if len(line.get_xdata())]
+  return lines + [c for c in ax.collections if isinstance(c, PathCollection) and len(c.get_offsets())] + \
+      list(ax.patches)
+
+
+def test_report_says_no_data_instead_of_drawing_empty_panels(tmp_path, monkeypatch):
+  """Rows without staleness or quantization runs: those panels say 'no data' (no axes scale, no legend, no points),
+  the main legend lists no source without points, and matplotlib warns about no empty legend."""
+  figures = _captured_figures(monkeypatch)
+  results = _write_rows(tmp_path / "results.jsonl", _rows())
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    page = open(report.build([results], str(tmp_path / "report"))).read()
+  assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+  assert set(figures) == {"quality_vs_mismatch.png", "mismatch_sources.png"}
+  assert not os.path.exists(tmp_path / "report" / "quantization_per_pair.png")
+  assert "No data for staleness, quantization" in page and "quantization mismatch per pair" in page
+  sources = figures["mismatch_sources.png"]
+  for title in ("staleness", "quantization"):
+    ax = _axis(sources, title)
+    assert _plotted(ax) == [] and ax.get_legend() is None
+    assert any(t.get_text().startswith("no data") for t in ax.texts)
+  noise = _axis(sources, "noise")
+  assert [t.get_text() for t in noise.get_legend().get_texts()] == ["pair1"] and _plotted(noise)
+  labels = [t.get_text() for t in figures["quality_vs_mismatch.png"].axes[0].get_legend().get_texts()]
+  assert "baseline" in labels and "noise" in labels and "pair1" in labels
+  assert not {"staleness", "quantization", "combined", "pair2", "pair3"} & set(labels)
+
+
+def _quantized(seed, pair):
+  """_rows plus one int4 point whose k3 and accuracy move with the seed."""
+  rows = _rows(seed, pair)
+  k3 = (0.075 if pair == "pair1" else 0.13) * (1 + 0.1 * seed)
+  rows.append({**rows[1], "point": "w_int4", "rollout": {"weights": "int4"}, "final_accuracy": 0.79 - 0.01 * seed,
+               "best_accuracy": 0.79, "mismatch": {"mismatch/k3": k3}})
+  return [{**r, "seed": seed, "steps": 150, "learning_rate": 1e-3} for r in rows]
+
+
+def test_report_draws_magnitudes_as_points_with_seed_spread_and_every_pair(tmp_path, monkeypatch):
+  """Log axes carry markers, never bars; every pair's quantization point is drawn, with a legend; three seeds of
+  one configuration are one marker at the seed mean with min-max error bars."""
+  from matplotlib.container import BarContainer, ErrorbarContainer
+  figures = _captured_figures(monkeypatch)
+  paths = [_write_rows(tmp_path / f"{pair}_{seed}.jsonl", _quantized(seed, pair))
+           for pair in ("pair1", "pair2") for seed in range(3)]
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    page = open(report.build(paths + paths[:1], str(tmp_path / "report"))).read()  # a file given twice counts once
+  assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+  assert page.count("data:image/png;base64") == 3
+  for fig in figures.values():
+    for ax in fig.axes:
+      if "log" in (ax.get_xscale(), ax.get_yscale()):
+        assert not any(isinstance(c, BarContainer) for c in ax.containers), ax.get_title()
+      if _plotted(ax) and ax.get_title() != "":
+        assert ax.get_legend() is not None, ax.get_title()
+  for fig, title in ((figures["mismatch_sources.png"], "quantization"),
+                     (figures["quantization_per_pair.png"], "quantization mismatch per pair")):
+    ax = _axis(fig, title)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pair1", "pair2"]
+    assert "min-max over seeds" in ax.get_title() + ax.get_ylabel() + fig.get_suptitle()
+    pair2 = [0.13 * (1 + 0.1 * s) for s in range(3)]
+    markers = {round(float(y), 6) for line in ax.get_lines() if not line.get_label().startswith("_")
+               for y in line.get_ydata()}  # the series, not the error bars' caps
+    assert round(float(np.mean(pair2)), 6) in markers and round(pair2[0], 6) not in markers
+    spans = [tuple(seg[:, 1]) for c in ax.containers if isinstance(c, ErrorbarContainer)
+             for seg in c.lines[2][0].get_segments()]
+    assert any(np.allclose(span, (min(pair2), max(pair2))) for span in spans)
+  quality = figures["quality_vs_mismatch.png"].axes[0]
+  points = [c for c in quality.containers if isinstance(c, ErrorbarContainer)]
+  assert len(points) == 2 * 14  # one marker per pair and point (13 + w_int4), not one per seed
+  assert all(c.has_yerr and c.has_xerr for c in points)  # every configuration here ran with 3 seeds
+  assert "min-max over seeds" in quality.get_title()

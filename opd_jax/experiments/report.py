@@ -2,13 +2,17 @@
 
 Sections: quality vs mismatch with the budget, mismatch per source (quantization / staleness / noise),
 per-pair quantization mismatch, per-layer sensitivity, prefix shift, KV-cache capacity, admission validation.
-Each section is drawn from whichever inputs were given; missing inputs are listed, not faked.
+Each section is drawn from whichever inputs were given; missing inputs are listed, not faked. A panel or section
+the given results hold no runs for says so instead of drawing empty axes, legends list only series that have
+points, and runs of one configuration over several seeds are drawn as their seed mean with min-max error bars.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import html
+import json
 import os
 
 import matplotlib
@@ -16,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from opd_jax.experiments.files import read_budget, read_json, read_results  # noqa: E402
 from opd_jax.experiments.sweep import check_one_objective, fill_deltas  # noqa: E402
@@ -27,6 +32,13 @@ SOURCES = ("baseline", "quantization", "staleness", "noise", "combined")
 _COLORS = {"baseline": "#000000", "quantization": "#4477aa", "staleness": "#228833", "noise": "#cc3311",
            "combined": "#aa3377"}
 _MARKERS = {"pair1": "o", "pair2": "s", "pair3": "^"}
+_EXTRA_MARKERS = "DvP*Xph<>"  # pairs beyond the embedded three, in sorted order
+_PAIR_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_FILLS = ("full", "none", "left", "bottom", "right", "top")  # run settings (steps, learning rate): most common first
+_FLOOR = 1e-7  # k3 drawn for runs without mismatch (log axes)
+_SPREAD = "points: seed mean; bars: min-max over seeds"
+_KNOBS = {"noise": ("noise_sigma", "weight noise sigma (relative)"),
+          "staleness": ("staleness_steps", "staleness (learner updates)")}
 
 
 def source_of(row: dict) -> str:
@@ -43,77 +55,220 @@ def source_of(row: dict) -> str:
 
 def _save(fig, path: str) -> str:
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps legends placed beside the axes
   plt.close(fig)
   return path
 
 
-def plot_quality_vs_mismatch(rows: list[dict], budget: dict | None, path: str) -> str:
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  floor = 1e-7
+def _legend(ax, handles=None, **kwargs) -> None:
+  """A legend only where there is something labelled to put in it."""
+  if handles is None:
+    handles, _ = ax.get_legend_handles_labels()
+  if handles:
+    ax.legend(handles=handles, **kwargs)
+
+
+def _no_data(ax, message: str) -> None:
+  ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#555555",
+          wrap=True)
+  ax.set_xticks([])
+  ax.set_yticks([])
+
+
+def _config_key(row: dict) -> tuple:
+  """What makes two runs the same configuration, whatever their seed."""
+  return (row["pair"], row["point"], row.get("steps"), row.get("learning_rate"), row.get("mode"), row.get("objective"),
+          json.dumps(row.get("rollout", {}), sort_keys=True), json.dumps(row.get("overrides", {}), sort_keys=True))
+
+
+def _unique_runs(rows: list[dict]) -> list[dict]:
+  """One row per configuration and seed (the last given): sweeps that share a baseline run ship it in each file."""
+  latest = {}
   for row in rows:
-    if "delta_final_accuracy" not in row:
-      continue
-    k3 = max(row["mismatch"].get("mismatch/k3", 0.0), floor)
-    ax.scatter(k3, -100 * row["delta_final_accuracy"], color=_COLORS[source_of(row)],
-               marker=_MARKERS.get(row["pair"], "o"), s=36)
+    latest[_config_key(row) + (row.get("seed", 0),)] = row
+  return list(latest.values())
+
+
+def _setting(row: dict) -> tuple:
+  return row.get("steps"), row.get("learning_rate")
+
+
+def _settings(rows: list[dict]) -> dict:
+  """Run settings (steps, learning rate) -> marker fill style, the most common setting filled."""
+  counts = collections.Counter(_setting(r) for r in rows)
+  ordered = sorted(counts, key=lambda s: (-counts[s], str(s)))
+  return {s: _FILLS[min(i, len(_FILLS) - 1)] for i, s in enumerate(ordered)}
+
+
+def _describe(setting: tuple, main: tuple | None = None) -> str:
+  """'75 steps, lr 0.004'; with main, only what differs from it."""
+  steps, lr = setting
+  parts = []
+  if main is None or steps != main[0]:
+    parts.append(f"{steps} steps" if steps is not None else "steps unknown")
+  if main is None or lr != main[1]:
+    parts.append(f"lr {lr:g}" if lr is not None else "lr unknown")
+  return ", ".join(parts)
+
+
+def _pair_styles(rows: list[dict]) -> dict:
+  """pair -> (marker, colour), the same in every figure drawn from the same rows."""
+  extra = iter(_EXTRA_MARKERS)
+  return {p: (_MARKERS.get(p) or next(extra, "o"), _PAIR_COLORS[i % len(_PAIR_COLORS)])
+          for i, p in enumerate(sorted({r["pair"] for r in rows}))}
+
+
+def _k3(row: dict) -> float:
+  return max(row["mismatch"].get("mismatch/k3", 0.0), _FLOOR)
+
+
+def _stat(values: list[float]) -> tuple[float, float, float]:
+  return float(np.mean(values)), float(np.min(values)), float(np.max(values))
+
+
+def _groups(rows: list[dict]) -> list[dict]:
+  """Runs of one configuration grouped over seeds: seed mean, min and max of k3 and of the quality loss
+  (accuracy points vs the baseline of each run's own results file; None where a run has no baseline)."""
+  by_config: dict[tuple, list[dict]] = {}
+  for row in _unique_runs(rows):
+    by_config.setdefault(_config_key(row), []).append(row)
+  out = []
+  for runs in by_config.values():
+    losses = [-100 * r["delta_final_accuracy"] for r in runs if "delta_final_accuracy" in r]
+    out.append({"pair": runs[0]["pair"], "point": runs[0]["point"], "source": source_of(runs[0]),
+                "setting": _setting(runs[0]), "rollout": runs[0].get("rollout", {}), "n": len(runs),
+                "seeds": sorted(r.get("seed", 0) for r in runs), "k3": _stat([_k3(r) for r in runs]),
+                "loss": _stat(losses) if len(losses) == len(runs) else None})
+  return out
+
+
+def _bars(stats: list[tuple[float, float, float]]) -> np.ndarray:
+  """(mean, min, max) per point -> matplotlib's asymmetric error bars (clipped at 0 against rounding)."""
+  return np.maximum(np.array([[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]]), 0.0)
+
+
+def _draw(ax, xs, groups: list[dict], *, marker: str, color: str, fill: str, label: str, line: str = "") -> None:
+  """Seed means as markers (joined by `line`), with min-max bars on the points that have several seeds."""
+  ys = [g["k3"][0] for g in groups]
+  ax.plot(xs, ys, marker=marker, ls=line or "none", color=color, fillstyle=fill, label=label, ms=6)
+  spread = [(x, g["k3"]) for x, g in zip(xs, groups) if g["n"] > 1]
+  if spread:
+    ax.errorbar([x for x, _ in spread], [s[0] for _, s in spread], yerr=_bars([s for _, s in spread]), fmt="none",
+                ecolor=color, elinewidth=1, capsize=3)
+
+
+def _series(groups: list[dict]) -> dict:
+  """(pair, setting) -> its groups."""
+  out: dict[tuple, list[dict]] = {}
+  for g in sorted(groups, key=lambda g: (g["pair"], str(g["setting"]))):
+    out.setdefault((g["pair"], g["setting"]), []).append(g)
+  return out
+
+
+def _label(pair: str, setting: tuple, main: tuple) -> str:
+  return pair if setting == main else f"{pair} ({_describe(setting, main)})"
+
+
+def plot_quality_vs_mismatch(rows: list[dict], budget: dict | None, path: str) -> str:
+  fig, ax = plt.subplots(figsize=(8.5, 4.8))
+  styles, fills = _pair_styles(rows), _settings(rows)
+  groups = [g for g in _groups(rows) if g["loss"] is not None]
+  for g in groups:
+    kwargs = {"fmt": styles[g["pair"]][0], "color": _COLORS[g["source"]], "fillstyle": fills[g["setting"]], "ms": 6}
+    if g["n"] > 1:
+      kwargs.update(xerr=_bars([g["k3"]]), yerr=_bars([g["loss"]]), elinewidth=0.8, capsize=2)
+    ax.errorbar([g["k3"][0]], [g["loss"][0]], **kwargs)
+  handles = []
   if budget is not None:
-    b = budget["budgets"].get("pooled") or next(iter(budget["budgets"].values()))
-    ax.axvline(b["budget"], color="#555555", ls="--", label=f"budget k3 = {b['budget']:.2g}")
-    ax.axvspan(*b["interval"], color="#999999", alpha=0.2, label="90% interval")
-    ax.axhline(100 * b["tolerance_abs"], color="#999999", lw=0.8, ls=":", label="tolerance")
-  for source in SOURCES:
-    ax.scatter([], [], color=_COLORS[source], label=source)
-  for pair, marker in _MARKERS.items():
-    ax.scatter([], [], color="#777777", marker=marker, label=pair)
+    name = "pooled" if "pooled" in budget["budgets"] else next(iter(budget["budgets"]))
+    b = budget["budgets"][name]
+    horizon = f", {b['steps']}-step runs" if b.get("steps") else ""
+    handles.append(ax.axvline(b["budget"], color="#555555", ls="--",
+                              label=f"budget k3 = {b['budget']:.2g} ({name}{horizon})"))
+    handles.append(ax.axvspan(*b["interval"], color="#999999", alpha=0.2, label="90% interval"))
+    handles.append(ax.axhline(100 * b["tolerance_abs"], color="#999999", lw=0.8, ls=":", label="tolerance"))
+  present = {g["source"] for g in groups}
+  handles += [Line2D([], [], ls="none", marker="o", color=_COLORS[s], label=s) for s in SOURCES if s in present]
+  pairs = sorted({g["pair"] for g in groups})
+  handles += [Line2D([], [], ls="none", marker=styles[p][0], color="#777777", label=p) for p in pairs]
+  settings = [s for s in fills if any(g["setting"] == s for g in groups)]
+  if len(settings) > 1:  # fill style tells run lengths / learning rates apart
+    handles += [Line2D([], [], ls="none", marker="o", color="#777777", fillstyle=fills[s], label=_describe(s))
+                for s in settings]
   ax.set_xscale("log")
   ax.set_xlabel("run-averaged sampler-learner mismatch k3 (nats/token; 1e-7 = none)")
   ax.set_ylabel("quality loss vs baseline (accuracy points)")
-  ax.set_title("OPD quality vs rollout mismatch")
-  ax.legend(fontsize=7, ncol=2)
+  ax.set_title("OPD quality vs rollout mismatch\n(" + _SPREAD + ", where a configuration has several)", fontsize=10)
+  _legend(ax, handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   return _save(fig, path)
 
 
+def _plot_knob(ax, groups: list[dict], source: str, styles: dict, fills: dict, main: tuple) -> None:
+  key, xlabel = _KNOBS[source]
+  ax.set_xlabel(xlabel)
+  if not groups:
+    _no_data(ax, f"no data: none of the given runs\nvaries {source} alone")
+    return
+  for (pair, setting), series in _series(groups).items():
+    series = sorted(series, key=lambda g: g["rollout"].get(key, 0))
+    marker, color = styles[pair]
+    _draw(ax, [g["rollout"].get(key, 0) for g in series], series, marker=marker, color=color, fill=fills[setting],
+          label=_label(pair, setting, main), line="-" if setting == main else "--")
+  if source == "noise":
+    ax.set_xscale("log")
+  ax.set_yscale("log")
+  _legend(ax, fontsize=7)
+
+
+def _plot_by_point(ax, groups: list[dict], styles: dict, fills: dict, main: tuple) -> None:
+  """Categorical x (the sweep points), one marker series per pair, side by side."""
+  points = sorted({g["point"] for g in groups})
+  series = _series(groups)
+  width = 0.5 / max(len(series), 1)
+  for i, ((pair, setting), of_series) in enumerate(series.items()):
+    offset = (i - (len(series) - 1) / 2) * width
+    marker, color = styles[pair]
+    _draw(ax, [points.index(g["point"]) + offset for g in of_series], of_series, marker=marker, color=color,
+          fill=fills[setting], label=_label(pair, setting, main))
+  ax.set_xticks(np.arange(len(points)), points, rotation=30, ha="right")
+  ax.set_xlim(-0.5, len(points) - 0.5)
+  ax.set_yscale("log")
+  ax.grid(axis="y", alpha=0.3)
+
+
 def plot_sources(rows: list[dict], path: str) -> str:
-  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-  k3 = lambda r: r["mismatch"].get("mismatch/k3", 0.0)
-  for pair, marker in zip(sorted({r["pair"] for r in rows}), "os^vD"):  # one curve per pair (sorted by knob)
-    of_pair = [r for r in rows if r["pair"] == pair]
-    noise = sorted((r for r in of_pair if source_of(r) == "noise"), key=lambda r: r["rollout"]["noise_sigma"])
-    stale = sorted((r for r in of_pair if source_of(r) == "staleness"), key=lambda r: r["rollout"]["staleness_steps"])
-    axes[0].plot([r["rollout"]["noise_sigma"] for r in noise], [k3(r) for r in noise], marker + "-",
-                 color=_COLORS["noise"], label=pair)
-    axes[1].plot([r["rollout"]["staleness_steps"] for r in stale], [k3(r) for r in stale], marker + "-",
-                 color=_COLORS["staleness"], label=pair)
-  quant = [r for r in rows if source_of(r) == "quantization" and r["pair"] == "pair1"]
-  axes[0].set_xscale("log")
-  axes[0].set_xlabel("weight noise sigma (relative)")
-  axes[1].set_xlabel("staleness (learner updates)")
-  axes[2].bar([r["point"] for r in quant], [k3(r) for r in quant], color=_COLORS["quantization"])
-  axes[2].tick_params(axis="x", rotation=45)
-  axes[2].set_xlabel("rollout precision (pair1)")
+  fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
+  styles, fills = _pair_styles(rows), _settings(rows)
+  main = next(iter(fills), None)
+  groups = _groups(rows)
+  for ax, source in zip(axes[:2], ("noise", "staleness")):
+    _plot_knob(ax, [g for g in groups if g["source"] == source], source, styles, fills, main)
+  quant = [g for g in groups if g["source"] == "quantization"]
+  axes[2].set_xlabel("rollout precision (sweep point)")
+  if quant:
+    _plot_by_point(axes[2], quant, styles, fills, main)
+    _legend(axes[2], fontsize=7)
+  else:
+    _no_data(axes[2], "no data: none of the given runs\nvaries quantization alone")
   for ax, title in zip(axes, ("noise", "staleness", "quantization")):
     ax.set_ylabel("mismatch k3 (nats/token)")
     ax.set_title(f"mismatch from {title}")
-    ax.set_yscale("log")
+  fig.suptitle(_SPREAD + " where a point has several; colour and marker: pair", fontsize=9)
   return _save(fig, path)
 
 
 def plot_per_pair_quantization(rows: list[dict], path: str) -> str:
-  quant = [r for r in rows if source_of(r) == "quantization"]
-  points = sorted({r["point"] for r in quant})
-  pairs = sorted({r["pair"] for r in quant})
-  fig, ax = plt.subplots(figsize=(10, 4))
-  width = 0.8 / max(len(pairs), 1)
-  for i, pair in enumerate(pairs):
-    values = {r["point"]: r["mismatch"].get("mismatch/k3", 0.0) for r in quant if r["pair"] == pair}
-    ax.bar(np.arange(len(points)) + i * width, [values.get(p, 0.0) for p in points], width, label=pair)
-  ax.set_xticks(np.arange(len(points)) + width * (len(pairs) - 1) / 2, points, rotation=30)
-  ax.set_yscale("log")
+  styles, fills = _pair_styles(rows), _settings(rows)
+  quant = [g for g in _groups(rows) if g["source"] == "quantization"]
+  fig, ax = plt.subplots(figsize=(10, 4.2))
+  if quant:
+    _plot_by_point(ax, quant, styles, fills, next(iter(fills)))
+    _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  else:
+    _no_data(ax, "no data: none of the given runs varies quantization alone")
   ax.set_ylabel("mismatch k3 (nats/token)")
-  ax.set_xlabel("rollout precision")
-  ax.set_title("quantization mismatch per pair")
-  ax.legend()
+  ax.set_xlabel("rollout precision (sweep point)")
+  ax.set_title("quantization mismatch per pair\n(" + _SPREAD + ", where a point has several)", fontsize=10)
   return _save(fig, path)
 
 
@@ -172,25 +327,36 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
     rows += [r for r in fill_deltas(read_results(path)) if r.get("status") == "ok"]
   check_one_objective(rows)
   budget_data = read_budget(budget) if budget else None
-  sensitivity_data = {path: _load(path, "sensitivity file", ("pair", "precision")) for path in sensitivity}
+  sensitivity_data = {path: _load(path, "sensitivity file", ("pair", "precision", "groups", "whole_model"))
+                      for path in sensitivity}
   shift = _load(prefix_shift, "prefix-shift file", ("rows", "pair"))
   valid = _load(validation, "validation file", ("agreement", "rows"))
   if os.path.exists(out) and not os.path.isdir(out):
     raise InputError(f"--out {out!r} is a file; give a directory for the report")
   os.makedirs(out, exist_ok=True)
-  sections, missing = [], []
+  sections, missing, no_data = [], [], []
+  rows = _unique_runs(rows)
   if rows:
     sections.append(("Quality vs mismatch", _img(plot_quality_vs_mismatch(rows, budget_data,
                                                                           os.path.join(out, "quality_vs_mismatch.png")))))
-    sections.append(("Mismatch per source", _img(plot_sources(rows, os.path.join(out, "mismatch_sources.png")))))
-    sections.append(("Quantization mismatch per pair",
-                     _img(plot_per_pair_quantization(rows, os.path.join(out, "quantization_per_pair.png")))))
+    present = {source_of(r) for r in rows}
+    empty = [s for s in ("noise", "staleness", "quantization") if s not in present]
+    note = (f"<p><i>No data for {html.escape(', '.join(empty))}: none of the given runs varies "
+            f"{'it' if len(empty) == 1 else 'them'} alone.</i></p>" if empty else "")
+    sources_png = plot_sources(rows, os.path.join(out, "mismatch_sources.png"))
+    sections.append(("Mismatch per source", _img(sources_png) + note))
+    if "quantization" in present:
+      sections.append(("Quantization mismatch per pair",
+                       _img(plot_per_pair_quantization(rows, os.path.join(out, "quantization_per_pair.png")))))
+    else:
+      no_data.append("quantization mismatch per pair (no run varies quantization alone)")
     table = sorted(rows, key=lambda r: (r["pair"], r["mismatch"].get("mismatch/k3", 0.0)))
     for r in table:
       r["k3"] = r["mismatch"].get("mismatch/k3", 0.0)
       r["source"] = source_of(r)
     sections.append(("All runs", _table(table, [
-        ("pair", "pair", "{}"), ("point", "point", "{}"), ("source", "source", "{}"), ("k3", "k3", "{:.3g}"),
+        ("pair", "pair", "{}"), ("point", "point", "{}"), ("source", "source", "{}"), ("seed", "seed", "{}"),
+        ("steps", "steps", "{}"), ("learning_rate", "lr", "{:g}"), ("k3", "k3", "{:.3g}"),
         ("initial_accuracy", "acc before", "{:.3f}"), ("final_accuracy", "acc after", "{:.3f}"),
         ("delta_final_accuracy", "delta vs baseline", "{:+.3f}"), ("wall_seconds", "wall s", "{:.0f}")])))
   else:
@@ -206,8 +372,11 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
   for path in sensitivity:
     data = sensitivity_data[path]
     png = path.replace(".json", ".png")
-    if os.path.isfile(png):
-      sections.append((f"Per-layer sensitivity: {data['pair']} ({data['precision']})", _img(png)))
+    if not os.path.isfile(png):  # the scan's own plot is not beside its JSON: draw it from the JSON
+      from opd_jax.experiments.sensitivity_report import _plot as plot_sensitivity
+      png = os.path.join(out, f"sensitivity_{data['pair']}_{data['precision']}.png")
+      plot_sensitivity(data["groups"], data["precision"], data["pair"], data["whole_model"]["k3"], png)
+    sections.append((f"Per-layer sensitivity: {data['pair']} ({data['precision']})", _img(png)))
   if not sensitivity:
     missing.append("sensitivity scans")
   if shift:
@@ -236,6 +405,8 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
   else:
     missing.append("admission validation")
   body = "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections)
+  if no_data:
+    body += f"<p><i>Not drawn (no data in the given results): {html.escape('; '.join(no_data))}.</i></p>"
   if missing:
     body += f"<p><i>Not included (inputs not given): {html.escape(', '.join(missing))}.</i></p>"
   page = ("<!doctype html><html><head><meta charset='utf-8'><title>opd_jax report</title><style>"
