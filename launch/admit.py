@@ -38,7 +38,8 @@ _STEPS = flags.DEFINE_integer("steps", None, "Run length the candidate is for: p
                               "nearest horizon (default: the config's train.steps).")
 _JSON = flags.DEFINE_bool("json", False, "Also print the verdict as one JSON line.")
 _CANDIDATES = flags.DEFINE_string("candidates", None, "Many candidates: 'a=1,b=2;c=3' or a JSON / JSONL file.")
-_SHAPE = flags.DEFINE_string("shape", "qwen3-8b", "--candidates: real shape for the memory columns (opd_jax/assets/model_shapes).")
+_SHAPE = flags.DEFINE_string("shape", "qwen3-8b",
+                             "--candidates: real shape for the memory columns (opd_jax.models.shapes).")
 _DEVICE_GB = flags.DEFINE_float("device_memory_gb", 80.0, "--candidates: device memory for the KV-token column.")
 
 

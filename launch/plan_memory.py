@@ -12,7 +12,7 @@ With --config it plans exactly the run `launch/train.py --config=...` executes: 
 run config (the loop and the planner build their programs with the same functions, opd_jax/train/programs.py),
 the model shapes from config.teacher / config.student (an HF directory, or a shipped shape name); any of the
 flags below given as well overrides its config field. Without --config the flags describe the run.
---teacher / --student: an HF config.json directory or a shipped real shape (opd_jax/assets/model_shapes/<name>.json). Compiles
+--teacher / --student: an HF config.json directory or a shipped real shape (opd_jax.models.shapes). Compiles
 every program of the run with abstract shapes on --devices simulated CPU devices and prints per-device
 argument / output / temp / alias / peak GiB per program, the resident bytes between programs, the verdict and
 the largest micro-batch that fits (see opd_jax/planning/memory_plan.py). The sampler is compiled on its own

@@ -1,9 +1,9 @@
 """What the shipped real-scale configs share: every setting a run at Qwen3 scale needs, with why.
 
 A real-scale config names its teacher / student as HF checkpoint directories given by the user
-(`:teacher=DIR,student=DIR` after the file name); until then they hold shipped shape names (opd_jax/assets/model_shapes), which
-the memory planner reads and the trainer refuses with a message saying what to give. Data is the user's JSONL
-(`:train_file=...,heldout_file=...`).
+(`:teacher=DIR,student=DIR` after the file name); until then they hold shipped shape names
+(opd_jax.models.shapes), which the memory planner reads and the trainer refuses with a message saying what to
+give. Data is the user's JSONL (`:train_file=...,heldout_file=...`).
 """
 
 import os
