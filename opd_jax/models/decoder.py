@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from opd_jax.errors import InputError
+from opd_jax.models import sharding as shard_lib
 from opd_jax.models.config import ModelConfig, rope_inv_freq
 from opd_jax.models.linear import Embed, Linear
 
@@ -262,7 +263,7 @@ class Decoder(nnx.Module):
     """The LM head on final (normed) hidden states: float32 logits [B, T, V], accumulated in float32 whatever
     the compute dtype, so bf16 rounding of logits puts no floor under sampler-learner mismatch."""
     head = self.embed_tokens.attend if self.lm_head is None else self.lm_head
-    return head(hidden_BxTxD, out_dtype=jnp.float32)
+    return shard_lib.constrain_batch(head(shard_lib.constrain_batch(hidden_BxTxD), out_dtype=jnp.float32), "tensor")
 
   def hidden_states(self, tokens_BxT, positions_BxT=None, valid_BxT=None, cache=None, cache_index=None,
                     span: tuple[int, int] | None = None, layer_keep_L: jax.Array | None = None):

@@ -12,6 +12,8 @@ tensor parallelism (column-parallel q/k/v/gate/up, row-parallel o/down) plus ZeR
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import re
 
@@ -122,7 +124,44 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) dimension over data and fsdp (fsdp shards the batch too, as in ZeRO-3)."""
-  return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+BATCH_AXES = ("data", "fsdp")
+_ACTIVATION_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("activation_mesh", default=None)
+
+
+@contextlib.contextmanager
+def activations_on(mesh: Mesh | None):
+  """While a learner-mesh program is traced inside this block, `constrain_batch` shards activations over the
+  mesh's batch axes; outside it (or with mesh None) it changes nothing."""
+  token = _ACTIVATION_MESH.set(mesh)
+  try:
+    yield
+  finally:
+    _ACTIVATION_MESH.reset(token)
+
+
+def with_activations_on(mesh: Mesh | None, fn):
+  """fn, traced with activations_on(mesh) (wrap a function before jax.jit)."""
+  def traced(*args, **kwargs):
+    with activations_on(mesh):
+      return fn(*args, **kwargs)
+  return traced
+
+
+def constrain_batch(x: jax.Array, last_axis=None) -> jax.Array:
+  """x [B, ..., last] with B over the batch axes (data, fsdp) and, when given, its last dimension over
+  `last_axis` (each only where the mesh divides it), while traced under activations_on; else x unchanged.
+
+  Why: with fsdp the LM head's kernel is sharded over the hidden width on the same devices that hold the batch;
+  left alone, XLA may gather the batch instead of the kernel and hold a whole batch's chunk of logits
+  [B, C, V] on every device. Pinning the logits to the batch sharding makes it gather the kernel (ZeRO-3)."""
+  mesh = _ACTIVATION_MESH.get()
+  if mesh is None:
+    return x
+  spec = fit_spec((BATCH_AXES,) + (None,) * (x.ndim - 2) + (last_axis,), x.shape, mesh)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def shard_model_state(model_or_state, mesh: Mesh, rules=DEFAULT_RULES):

@@ -24,6 +24,7 @@ from opd_jax.data.batching import decode_responses, encode_prompts
 from opd_jax.data.grader import is_correct
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
+from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives.chunked import exact_reverse_kl, row_map
 from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.rollout.sampler import Sampler
@@ -33,17 +34,17 @@ KL_DIRECTIONS = ("reverse", "forward")
 
 
 def make_kl_fn(student_graphdef, teacher_graphdef, logits_chunk: int = 0, direction: str = "reverse",
-               micro_batch_size: int = 0):
+               micro_batch_size: int = 0, mesh=None):
   """Jitted (student_state, teacher_state, prompt, valid, response, mask) -> (sum over tokens of the KL, token
   count); direction "reverse" is KL(student || teacher), "forward" KL(teacher || student).
 
   Exact over the vocabulary at each response prefix, computed from both models' final hidden states chunk by
-  chunk (`logits_chunk` tokens at a time; 0 = all at once), `micro_batch_size` rows at a time (0 = all).
+  chunk (`logits_chunk` tokens at a time; 0 = all at once), `micro_batch_size` rows at a time (0 = all); with
+  the learner's mesh, logit chunks stay batch-sharded (shard_lib.constrain_batch).
   """
   if direction not in KL_DIRECTIONS:
     raise ValueError(f"direction must be one of {KL_DIRECTIONS}, got {direction!r}")
 
-  @jax.jit
   def kl(student_state, teacher_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
     student = nnx.merge(student_graphdef, student_state)
     teacher = nnx.merge(teacher_graphdef, teacher_state)
@@ -56,7 +57,7 @@ def make_kl_fn(student_graphdef, teacher_graphdef, logits_chunk: int = 0, direct
     kl_BxR = row_map(per_row, (prompt_BxP, valid_BxP, response_BxR, mask_BxR), micro_batch_size)
     return jnp.sum(kl_BxR * mask_BxR), jnp.sum(mask_BxR)
 
-  return kl
+  return jax.jit(shard_lib.with_activations_on(mesh, kl))
 
 
 def grade(text: str, problem: Problem) -> bool | None:

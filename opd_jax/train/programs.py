@@ -57,26 +57,28 @@ class RunSettings:
                tuple(eos_ids), pad_id, bool(t.eval_sampled), t.eval_weights)
 
 
-def _scoring(graphdef, micro_batch_size: int, **options):
-  """jit (state, prompt, valid, response, mask) -> Scores, `micro_batch_size` rows at a time (0 = all)."""
+def _scoring(graphdef, micro_batch_size: int, mesh: Mesh | None = None, **options):
+  """jit (state, prompt, valid, response, mask) -> Scores, `micro_batch_size` rows at a time (0 = all); with the
+  learner's mesh, logit chunks stay batch-sharded (shard_lib.constrain_batch)."""
   def program(state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
     one = lambda *rows: score(graphdef, state, *rows, **options)
     return row_map(one, (prompt_BxP, valid_BxP, response_BxR, mask_BxR), micro_batch_size)
-  return jax.jit(program)
+  return jax.jit(shard_lib.with_activations_on(mesh, program))
 
 
 def teacher_score_program(teacher_graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int,
-                          micro_batch_size: int = 0):
+                          micro_batch_size: int = 0, mesh: Mesh | None = None):
   """jit (teacher_state, prompt, valid, response, mask) -> Scores: the sampled tokens' log-probs, plus the final
   hidden states / top-k the objective needs of the teacher; `micro_batch_size` rows at a time, like the step."""
   top_k = objective.top_k if objective.needs_teacher_topk else 0
-  return _scoring(teacher_graphdef, micro_batch_size, temperature=temperature, logits_chunk=logits_chunk,
+  return _scoring(teacher_graphdef, micro_batch_size, mesh, temperature=temperature, logits_chunk=logits_chunk,
                   return_hidden=objective.needs_teacher_hidden, top_k=top_k, top_k_temperature=objective.temperature)
 
 
-def student_score_program(graphdef, temperature: float, logits_chunk: int, micro_batch_size: int = 0):
+def student_score_program(graphdef, temperature: float, logits_chunk: int, micro_batch_size: int = 0,
+                          mesh: Mesh | None = None):
   """jit (state, prompt, valid, response, mask) -> Scores of a learner version (the mismatch split's dense copy)."""
-  return _scoring(graphdef, micro_batch_size, temperature=temperature, logits_chunk=logits_chunk)
+  return _scoring(graphdef, micro_batch_size, mesh, temperature=temperature, logits_chunk=logits_chunk)
 
 
 def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTransformation, settings: RunSettings,
@@ -87,7 +89,8 @@ def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTran
   fn = functools.partial(train_step, graphdef, optimizer, settings.objective, settings.rollout.temperature,
                          settings.objective.is_cap, teacher_graphdef=teacher_graphdef,
                          logits_chunk=settings.logits_chunk, micro_batch_size=micro)
-  return jax.jit(fn, in_shardings=(state_shardings, shard_lib.batch_sharding(mesh), teacher_shardings),
+  return jax.jit(shard_lib.with_activations_on(mesh, fn),
+                 in_shardings=(state_shardings, shard_lib.batch_sharding(mesh), teacher_shardings),
                  out_shardings=(state_shardings, shard_lib.replicated(mesh)), donate_argnums=(0,))
 
 
@@ -146,15 +149,15 @@ def build(settings: RunSettings, *, graphdef, teacher_graphdef, state, teacher_s
       state_shardings=state_shardings, teacher_shardings=teacher_shardings, weight_sync=weight_sync,
       sampler=rollout_sampler(graphdef, settings, weight_sync),
       teacher_score=teacher_score_program(teacher_graphdef, settings.objective, settings.rollout.temperature,
-                                          settings.logits_chunk, settings.micro_batch_size),
+                                          settings.logits_chunk, settings.micro_batch_size, mesh),
       student_score=student_score_program(graphdef, settings.rollout.temperature, settings.logits_chunk,
-                                          settings.micro_batch_size),
+                                          settings.micro_batch_size, mesh),
       train_step=train_step_program(graphdef, teacher_graphdef, optimizer, settings, state_shardings=state_shardings,
                                     teacher_shardings=teacher_shardings, mesh=mesh),
       eval_samplers=eval_samplers(graphdef, settings, weight_sync),
       teacher_greedy=eval_samplers(teacher_graphdef, dataclasses.replace(settings, eval_sampled=False,
                                                                          eval_weights="learner"))[""],
       eval_reverse_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "reverse",
-                                 settings.micro_batch_size),
+                                 settings.micro_batch_size, mesh),
       eval_forward_kl=make_kl_fn(graphdef, teacher_graphdef, settings.logits_chunk, "forward",
-                                 settings.micro_batch_size))
+                                 settings.micro_batch_size, mesh))
