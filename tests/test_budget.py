@@ -319,3 +319,26 @@ def test_report_draws_magnitudes_as_points_with_seed_spread_and_every_pair(tmp_p
   assert len(points) == 2 * 14  # one marker per pair and point (13 + w_int4), not one per seed
   assert all(c.has_yerr and c.has_xerr for c in points)  # every configuration here ran with 3 seeds
   assert "min-max over seeds" in quality.get_title()
+
+
+def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():
+  """compare_with_rules on a made-up validation where the rules disagree: per-pair budgets (pair1 0.1, pair2 1.0)
+  get all three right, reject-all two, the pooled budget (0.5) and admit-all one; no constant threshold gets all
+  three, because pair1's harmful point measures below pair2's harmless one."""
+  from opd_jax.experiments.validation import compare_with_rules
+  budgets = {"pooled": {"budget": 0.5, "tolerance_abs": 0.05}, "pair1": {"budget": 0.1, "tolerance_abs": 0.05},
+             "pair2": {"budget": 1.0, "tolerance_abs": 0.05}}
+
+  def row(pair, measured, losses):
+    admit = measured <= budgets[pair]["budget"]
+    real_ok = sum(losses) / len(losses) <= 0.05
+    return {"pair": pair, "measured": measured, "admit": admit, "real_ok": real_ok, "agree": admit == real_ok,
+            "seeds": [{"seed": i, "quality_loss": q} for i, q in enumerate(losses)]}
+
+  rows = [row("pair1", 0.3, [0.08, 0.09]), row("pair2", 0.6, [0.01, 0.07]), row("pair2", 2.0, [0.2, 0.3])]
+  compared = compare_with_rules({"rows": rows, "budget": {"budgets": budgets}})
+  agreed = {rule: e["agreed"] for rule, e in compared["rules"].items()}
+  assert agreed == {"admission check (per-pair budgets)": 3, "reject all": 2, "admit all": 1,
+                    "pooled budget for every pair": 1, "best constant k3 threshold (hindsight)": 2}
+  assert (compared["seed_level"]["agreed"], compared["seed_level"]["n"]) == (5, 6)  # pair2 @0.6: one seed lost
+  assert compared["straddling"] == 1

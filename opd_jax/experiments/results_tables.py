@@ -14,6 +14,7 @@ import os
 from opd_jax.experiments import real_pair_tables
 from opd_jax.experiments.files import read_budget, read_json, read_results
 from opd_jax.experiments.sweep import fill_deltas
+from opd_jax.experiments.validation import compare_with_rules
 
 SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
           "corrections", "corrections_grpo")  # results/<name>.jsonl
@@ -81,6 +82,18 @@ def validation_table(validation: dict) -> str:
               "per seed", "real run", "agree"], body)
 
 
+def validation_rules_table(validation: dict) -> str:
+  """The admission check's agreement next to rules that measure less (experiments.validation.compare_with_rules),
+  and seed by seed."""
+  compared = compare_with_rules(validation)
+  body = []
+  for rule, e in list(compared["rules"].items()) + [("admission check, seed by seed", compared["seed_level"])]:
+    note = f"any threshold in [{_g(e['thresholds'][0])}, {_g(e['thresholds'][1])})" if "thresholds" in e else ""
+    body.append([rule, f"{e['agreed']} / {e['n']}", f"{100 * e['interval'][0]:.0f}-{100 * e['interval'][1]:.0f}%",
+                 note])
+  return _md(["rule", "agrees with the real runs", "95% Wilson interval", "note"], body)
+
+
 def importance_table(rows: list[dict]) -> str:
   """Runs that logged their importance weights: mean weight, ESS share, and the share of updates the ESS guard
   (objective.min_ess) skipped ("-" without the guard)."""
@@ -143,7 +156,9 @@ def all_tables(results_dir: str) -> dict[str, str]:
       tables["budget transfer"] = transfer_table(budget)
   validation_path = os.path.join(results_dir, "validation.json")
   if os.path.exists(validation_path):
-    tables["validation"] = validation_table(read_json(validation_path, "validation file"))
+    validation = read_json(validation_path, "validation file")
+    tables["validation"] = validation_table(validation)
+    tables["validation against simple rules"] = validation_rules_table(validation)
   prefix_path = os.path.join(results_dir, "prefix_shift_pair1.json")
   if os.path.exists(prefix_path):
     tables["corrections (prefix shift, pair1)"] = corrections_table(read_json(prefix_path, "prefix-shift file"))
@@ -173,7 +188,7 @@ def source_of(title: str) -> str:
     return f"results/{name}.jsonl"
   if title.startswith("budget"):
     return "results/budget.json"
-  if title == "validation":
+  if title.startswith("validation"):
     return "results/validation.json"
   if title.startswith("corrections (prefix shift"):
     return "results/prefix_shift_pair1.json"

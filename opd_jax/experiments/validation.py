@@ -121,3 +121,41 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
           "admission_seconds_per_candidate": float(np.mean([r["wall_seconds"] for r in out])),
           "run_seconds_per_seed": float(np.mean([r["run_wall_seconds"] for r in out])),
           "rows": out, "budget": budget_file}
+
+
+def compare_with_rules(validation: dict) -> dict:
+  """The admission check's agreement next to what rules that measure less would score on the same held-out
+  configurations: reject all, admit all, the pooled budget for every pair, and the best single k3 threshold in
+  hindsight (with the range of thresholds that score it); and agreement seed by seed (each seed's own quality
+  loss against the tolerance, judged by the same admission verdict) next to the seed-mean one. A validation
+  that a trivial rule matches does not tell budgets apart."""
+  rows, budgets = validation["rows"], validation["budget"]["budgets"]
+  n = len(rows)
+  pooled = budgets["pooled"]["budget"]
+
+  def entry(agreed: int, total: int) -> dict:
+    return {"agreed": agreed, "n": total, "agreement": agreed / total if total else 0.0,
+            "interval": wilson_interval(agreed, total)}
+
+  rules = {"admission check (per-pair budgets)": entry(sum(r["agree"] for r in rows), n),
+           "reject all": entry(sum(not r["real_ok"] for r in rows), n),
+           "admit all": entry(sum(r["real_ok"] for r in rows), n),
+           "pooled budget for every pair": entry(sum((r["measured"] <= pooled) == r["real_ok"] for r in rows), n)}
+  # The best constant threshold: admit iff measured <= t; only the order of the measured values matters.
+  values = sorted({r["measured"] for r in rows})
+  cuts = [values[0] / 2] + [(a + b) / 2 for a, b in zip(values, values[1:])] + [values[-1] * 2]
+  scores = [sum((r["measured"] <= t) == r["real_ok"] for r in rows) for t in cuts]
+  best = max(scores)
+  winning = [i for i, score in enumerate(scores) if score == best]
+  low = values[winning[0] - 1] if winning[0] > 0 else 0.0  # thresholds in [low, high) all score `best`
+  high = values[winning[-1]] if winning[-1] < len(values) else math.inf
+  rules["best constant k3 threshold (hindsight)"] = {**entry(best, n), "thresholds": [low, high]}
+  seed_agreed = seed_total = 0
+  for r in rows:
+    tolerance = budgets.get(r["pair"], budgets["pooled"])["tolerance_abs"]
+    for seed in r["seeds"]:
+      seed_total += 1
+      seed_agreed += r["admit"] == (seed["quality_loss"] <= tolerance)
+  return {"rules": rules, "seed_level": entry(seed_agreed, seed_total),
+          "straddling": sum(min(s["quality_loss"] for s in r["seeds"]) <= budgets.get(r["pair"], budgets["pooled"])[
+              "tolerance_abs"] < max(s["quality_loss"] for s in r["seeds"]) for r in rows)}
