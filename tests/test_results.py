@@ -81,6 +81,7 @@ def test_the_generator_checks_the_page_against_changed_results(tmp_path):
   assert render_page(str(copy)) != render_page(RESULTS)
 
 
+@pytest.mark.slow  # a full calibration with bootstrap (~10 s); the fast tier keeps the page checks
 def test_budget_json_is_recomputed_from_the_shipped_sweeps():
   budget = read_budget(os.path.join(RESULTS, "budget.json"))
   paths = [os.path.join(ROOT, p) for p in budget["results"]]

@@ -144,6 +144,7 @@ def test_kv_quantization_error_is_bounded():
     kv_cache.check_kv_dtype("int2")
 
 
+@pytest.mark.slow  # the fast tier keeps the int8 KV cache (test_each_precision_knob_is_small_and_nonzero)
 def test_int4_kv_cache_packs_two_values_per_byte_and_reads_back_what_was_written():
   x = jax.random.normal(jax.random.key(1), (2, 3, 2, 8))  # [B, T, K, H]
   cache = kv_cache.KVCache.init(batch=2, slots=5, num_layers=1, num_kv_heads=2, head_dim=8,

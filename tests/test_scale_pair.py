@@ -46,6 +46,7 @@ def test_chat_template_renders_and_prompts_round_trip(small_pair):
   assert SCALE_TASK.max_prompt_chars() + 1 + 19 <= MAX_PROMPT_TOKENS  # the longest possible prompt fits too
 
 
+@pytest.mark.slow  # the fast tier keeps the pair build checks; this one loads and runs both models
 def test_models_load_with_pair_eos_and_produce_vocab_logits(small_pair):
   ids = special_token_ids(VOCAB)
   for role, tied in (("teacher", False), ("student", True)):
