@@ -26,3 +26,15 @@ def test_readme_and_ci_install_with_the_constraints():
   assert len(commands) >= 2 and all("-c constraints.txt" in c for c in commands), commands
   test_command = next(c for c in commands if "pytest" in c)
   assert test_command.replace("pip install -e", "pip install -q -e") in ci  # .ci/run runs README's command
+
+
+def test_every_relative_link_in_the_readme_and_docs_points_at_a_file():
+  """README.md and docs/*.md link to each other and to the repository's files; a moved file breaks no link."""
+  pages = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                           if f.endswith(".md")]
+  broken = []
+  for page in pages:
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _read(page)):
+      if "://" not in target and not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)):
+        broken.append(f"{page} -> {target}")
+  assert len(pages) >= 10 and not broken, broken
