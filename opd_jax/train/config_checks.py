@@ -1,5 +1,6 @@
 """Config checks of a training run: every mistake that can be found before a model is loaded, each error naming
-its field and what to do (launch/train.py, sweeps and the planner run them before anything is written)."""
+its field and what to do. The training loop runs them first (for launch/train.py and every sweep point), before
+anything is written."""
 
 from __future__ import annotations
 
