@@ -27,6 +27,9 @@ def run():
     raise InputError(f"--results_dir={_DIR.value!r} is not a folder; the shipped results are in results/")
   if _OUT.value and os.path.isdir(_OUT.value):
     raise InputError(f"--out={_OUT.value!r} is a directory; give a file path such as docs/results.md")
+  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
+    raise InputError(f"--out={_OUT.value!r}: its folder does not exist; create it or give a path such as "
+                     "docs/results.md")
   if not all_tables(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} holds none of the result files (sources.jsonl, budget.json, ...)")
   page = render_page(_DIR.value)

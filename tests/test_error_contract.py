@@ -124,6 +124,7 @@ CASES = [
     ("report_heldout_alone", "launch/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
      "--out={d}/report", "only read with --validate"),
     ("results_tables_missing", "launch/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
+    ("results_tables_out_folder", "launch/results_tables.py", "--out={d}/nope/results.md", "its folder does not exist"),
     # the other scripts
     ("sweep_missing_config", "launch/sweep.py", "--config=configs/sweeps/nope.py", "--workdir={d}/sweep",
      "does not exist"),

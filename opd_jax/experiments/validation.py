@@ -150,12 +150,11 @@ def compare_with_rules(validation: dict) -> dict:
   low = values[winning[0] - 1] if winning[0] > 0 else 0.0  # thresholds in [low, high) all score `best`
   high = values[winning[-1]] if winning[-1] < len(values) else math.inf
   rules["best constant k3 threshold (hindsight)"] = {**entry(best, n), "thresholds": [low, high]}
-  seed_agreed = seed_total = 0
+  seed_agreed = seed_total = straddling = 0
   for r in rows:
     tolerance = budgets.get(r["pair"], budgets["pooled"])["tolerance_abs"]
-    for seed in r["seeds"]:
-      seed_total += 1
-      seed_agreed += r["admit"] == (seed["quality_loss"] <= tolerance)
-  return {"rules": rules, "seed_level": entry(seed_agreed, seed_total),
-          "straddling": sum(min(s["quality_loss"] for s in r["seeds"]) <= budgets.get(r["pair"], budgets["pooled"])[
-              "tolerance_abs"] < max(s["quality_loss"] for s in r["seeds"]) for r in rows)}
+    losses = [seed["quality_loss"] for seed in r["seeds"]]
+    seed_total += len(losses)
+    seed_agreed += sum(r["admit"] == (loss <= tolerance) for loss in losses)
+    straddling += min(losses) <= tolerance < max(losses)
+  return {"rules": rules, "seed_level": entry(seed_agreed, seed_total), "straddling": straddling}
