@@ -111,7 +111,9 @@ def test_without_the_manifest_a_flipped_bit_reads_back_as_other_numbers(tmp_path
   assert restored.step == 3 and restored.skipped == []
   changed = sum(int((np.asarray(a) != np.asarray(b)).sum())
                 for a, b in zip(jax.tree.leaves(restored.arrays), jax.tree.leaves(_arrays(3))))
-  assert 1 <= changed <= 16  # a value or a few (where the flip lands in zstd's stream); 8192 in the array
+  # A value or a few of the 8192: 1 in 65 of 80 tries, 2 in 14, 34 once (where the flip lands in zstd's stream
+  # decides how far it spreads; which bytes sit mid-file varies from save to save).
+  assert 1 <= changed <= 256
   checkpointer.close()
 
 
