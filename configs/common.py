@@ -152,6 +152,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # Non-finite guard: a step whose loss or gradient is NaN/inf is skipped (state unchanged) and reported; after
   # this many in a row the run stops with exit code 1, keeping its last good checkpoint.
   c.train.max_skipped_steps = 10
+  # glibc malloc arenas (Linux; 0 = glibc's default of 8 per core), set by launch/train.py before jax starts:
+  # bounds the freed memory threads keep, so the peak RSS varies less between runs (opd_jax/train/malloc.py)
+  c.train.malloc_arena_max = 2
   # At the end of training the student is written to workdir/export as an HF checkpoint (safetensors, config,
   # generation config, tokenizer) in this dtype: float32 (the master params) | bfloat16 | "" = no export.
   # Any checkpointed step: python launch/export.py --workdir=W [--step=N] --out=DIR.

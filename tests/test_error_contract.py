@@ -43,6 +43,7 @@ CASES = [
     ("train_weights", *TRAIN, "--config.rollout.weights=int1", "int1"),
     ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
     ("train_placement", *TRAIN, "--config.rollout.placement=remote", "rollout.placement"),
+    ("train_malloc_arenas", *TRAIN, "--config.train.malloc_arena_max=-2", "train.malloc_arena_max must be"),
     # train.py: files
     ("train_workdir_file", "launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/file",
      "is a file"),

@@ -237,6 +237,7 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
     ({"student": "/nonexistent/student"}, "'/nonexistent/student' does not exist"),
     ({"train.steps": -1}, "train.steps must be an integer >= 0"),
     ({"train.max_skipped_steps": 0}, "train.max_skipped_steps"),
+    ({"train.malloc_arena_max": -1}, "train.malloc_arena_max must be an integer >= 0"),
     ({"train.micro_batch_size": 3}, "train.micro_batch_size=3 does not divide"),
     ({"optimizer.end_lr_fraction": 2.0}, "optimizer.end_lr_fraction"),
     ({"optimizer.weight_decay": -1.0}, "optimizer.weight_decay"),

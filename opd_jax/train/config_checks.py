@@ -38,7 +38,8 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
                 "keep_checkpoints"):
     if not isinstance(t[field], int) or t[field] < 1:
       raise InputError(f"train.{field} must be a positive integer, got {t[field]!r}")
-  for field in ("logits_chunk", "micro_batch_size", "max_staleness", "stop_after_steps", "eval_samples"):
+  for field in ("logits_chunk", "micro_batch_size", "max_staleness", "stop_after_steps", "eval_samples",
+                "malloc_arena_max"):
     if not isinstance(t[field], int) or t[field] < 0:
       raise InputError(f"train.{field} must be an integer >= 0 (0 = off), got {t[field]!r}")
   if not isinstance(t.max_skipped_steps, int) or t.max_skipped_steps < 1:
