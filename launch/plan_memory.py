@@ -19,7 +19,9 @@ the largest micro-batch that fits (see opd_jax/planning/memory_plan.py). The sam
 mesh (data x --rollout_tensor): over all --devices when colocated, over the first --rollout_devices of them
 when disaggregated (the learner's mesh takes the rest). --json prints one JSON object
 instead. --measure_rss also runs the train step on real arrays on CPU and compares the prediction with the
-measured peak RSS (small configs only). Exit code 0 (fits or not), 2 on bad input.
+measured peak RSS (small configs only). --host_rss also predicts the peak resident memory of the whole run on a
+CPU host (runtime + compile + device buffers + host snapshots; opd_jax/planning/host_memory.py), at the cost of
+compiling the run's programs once more at its own settings. Exit code 0 (fits or not), 2 on bad input.
 """
 
 import json
@@ -61,6 +63,8 @@ _SNAPSHOTS = flags.DEFINE_string("snapshots_on", "device", "Staleness snapshots:
 _SPLIT = flags.DEFINE_bool("split_mismatch", False, "Count a dense learner copy per kept version (mismatch split).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
 _MEASURE = flags.DEFINE_bool("measure_rss", False, "Also measure the train step's peak RSS on CPU (small configs).")
+_HOST = flags.DEFINE_bool("host_rss", False, "Also predict the run's peak host RSS on CPU: compiles every program "
+                          "at the run's settings in a child process (opd_jax/planning/host_memory.py).")
 
 
 # flag -> PlanConfig field, for flags that override a --config run's setting when given
@@ -92,6 +96,14 @@ def plan_of_config(mp):
   return dataclasses.replace(plan, **given) if given else plan
 
 
+def _tokenizer_dirs() -> list[str]:
+  """The tokenizers the run loads (the pair check reads both models' and config.tokenizer), where they exist."""
+  config = _CONFIG.value
+  dirs = [] if config is None else [config.teacher, config.student, config.tokenizer]
+  dirs += [_TEACHER.value, _STUDENT.value]
+  return list(dict.fromkeys(d for d in dirs if d and os.path.isfile(os.path.join(d, "tokenizer_config.json"))))
+
+
 def run() -> None:
   from opd_jax.planning import memory_plan as mp
   # Flags first, files after: the counts given on the command line are checked before any model is read.
@@ -117,12 +129,21 @@ def run() -> None:
   out = result.to_json()
   if _MEASURE.value:
     out["rss_check"] = mp.measure_train_step_rss(plan)
+  if _HOST.value:
+    from opd_jax.planning import host_memory
+    log("  predicting host RSS: the run's imports and tokenizers, every program compiled at the run's settings")
+    out["host_rss"] = host_memory.predict(result, _tokenizer_dirs()).to_json()
   if _JSON.value:
     print(json.dumps(out))
     return
   print(f"teacher {plan.teacher.model_type} ({plan.teacher.num_params() / 1e6:,.1f}M params) -> student "
         f"{plan.student.model_type} ({plan.student.num_params() / 1e6:,.1f}M params)")
   print(mp.format_plan(result))
+  if _HOST.value:
+    host = out["host_rss"]
+    print(f"host RSS on CPU: {host['peak_bytes'] / 1e9:.2f} GB = runtime {host['runtime_bytes'] / 1e9:.2f} + compile "
+          f"{host['compile_bytes'] / 1e9:.2f} + device buffers {host['device_bytes'] / 1e9:.2f} + host snapshots "
+          f"{host['snapshot_bytes'] / 1e9:.2f}")
   if _MEASURE.value:
     check = out["rss_check"]
     print(f"rss check: predicted {check['predicted_bytes'] / 2**20:.1f} MiB, measured "

@@ -2,11 +2,13 @@
 
   python launch/bench/scale.py [--batch=32] [--response_tokens=512] [--steps=2]
       [--objectives=reverse_kl_pg,reverse_kl,forward_kl_topk] [--extra="--config.train.micro_batch_size=8 ..."]
-      [--root=DIR] [--max_rss_gb=12]
+      [--root=DIR] [--max_rss_gb=12] [--predict]
 
 Builds (or reuses, from --root) the random Qwen3-shaped pair of opd_jax/bench/scale_pair.py, then runs
 launch/train.py on it once per objective in a child process, and prints a table: objective | peak RSS GB |
-peak RSS / one whole [B, R, V] bfloat16 tensor | wall s | last step s | mean response tokens | exit.
+peak RSS / one whole [B, R, V] bfloat16 tensor | wall s | last step s | mean response tokens | exit; with
+--predict also the planner's host-RSS prediction for the same config (launch/plan_memory.py --host_rss) and
+predicted / measured.
 Random weights rarely emit EOS, so every response runs the whole --response_tokens. The child is killed when
 its resident memory passes --max_rss_gb (reported as KILLED), so a blow-up cannot take the machine down.
 On CPU, host RSS is all the memory the run uses; on an accelerator it counts only the host side. GB = 1e9 bytes.
@@ -15,11 +17,8 @@ On CPU, host RSS is all the memory the run uses; on an accelerator it counts onl
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -27,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+from opd_jax.bench import host_rss  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,59 +43,10 @@ _MAX_RSS_GB = flags.DEFINE_float("max_rss_gb", 12.0, "Kill a run whose resident 
 _TIMEOUT_S = flags.DEFINE_integer("timeout_s", 0, "Kill a run after this many seconds; 0 = no limit.")
 _CONFIG = flags.DEFINE_string("config", "configs/pair1.py", "Base config file (a Qwen3 pair config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs' workdirs go (default: <root>/runs).")
-
-
-def _rss_bytes(pid: int) -> int:
-  """Current resident memory of `pid` from /proc; 0 once it is gone."""
-  try:
-    with open(f"/proc/{pid}/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) * 1024
-  except (FileNotFoundError, ProcessLookupError, PermissionError):
-    pass
-  return 0
-
-
-def run_guarded(cmd: list[str], log_path: str, max_rss_bytes: int, timeout_s: float = 0,
-                env: dict | None = None) -> dict:
-  """Runs `cmd`, killing its process group when its RSS passes `max_rss_bytes` (or after `timeout_s`).
-
-  Returns {"exit": code, "killed": reason or "", "peak_rss_bytes": ru_maxrss of that child, "wall_s": ...}.
-  """
-  start = time.time()
-  with open(log_path, "w") as log:
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
-  killed, done = [], threading.Event()
-
-  def watch():
-    while not done.wait(0.05):
-      reason = ""
-      if _rss_bytes(proc.pid) > max_rss_bytes:
-        reason = f"RSS > {max_rss_bytes / 1e9:.1f} GB"
-      elif timeout_s and time.time() - start > timeout_s:
-        reason = f"timeout {timeout_s:.0f} s"
-      if reason:
-        killed.append(reason)
-        try:
-          os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-        return
-
-  watcher = threading.Thread(target=watch, daemon=True)
-  watcher.start()
-  try:
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (ru_maxrss in KiB on Linux)
-  except BaseException:  # e.g. Ctrl-C: the child runs in its own session, so end it here
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise
-  finally:
-    done.set()
-  watcher.join()
-  proc.returncode = os.waitstatus_to_exitcode(status)
-  return {"exit": proc.returncode, "killed": killed[0] if killed else "", "peak_rss_bytes": usage.ru_maxrss * 1024,
-          "wall_s": time.time() - start}
+_OUT = flags.DEFINE_string("out", "", "With --predict: a JSONL file to keep one row per objective in "
+                           "(scale_<objective>: prediction, measured peak RSS, wall), e.g. results/host_rss.jsonl.")
+_PREDICT = flags.DEFINE_bool("predict", False, "Also run launch/plan_memory.py --host_rss on each run's exact "
+                             "config and print the predicted peak RSS next to the measured one.")
 
 
 def _last_train_row(workdir: str) -> dict:
@@ -150,8 +101,8 @@ def main(argv):
     workdir = tempfile.mkdtemp(prefix=f"{objective}_", dir=runs_dir)
     cmd = train_command(pair, objective, workdir)
     print(f"[{objective}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    result = run_guarded(cmd, os.path.join(workdir, "train.log"), int(_MAX_RSS_GB.value * 1e9), _TIMEOUT_S.value,
-                         env)
+    result = host_rss.run_guarded(cmd, os.path.join(workdir, "train.log"), int(_MAX_RSS_GB.value * 1e9),
+                                  _TIMEOUT_S.value, env, cwd=REPO)
     last = _last_train_row(workdir)
     result["step_s"], result["response_tokens"] = last.get("perf/step_s"), last.get("response_tokens")
     result["log"] = os.path.join(workdir, "train.log")
@@ -159,22 +110,37 @@ def main(argv):
       with open(result["log"]) as f:
         tail = f.read().strip().splitlines()[-5:]
       print(f"[{objective}] exit {result['exit']}; log tail:\n  " + "\n  ".join(tail), file=sys.stderr)
+    if _PREDICT.value:
+      result["predicted"] = host_rss.predict_host_rss(os.path.join(REPO, "launch", "plan_memory.py"),
+                                                      [arg for arg in cmd if arg.startswith("--config")], env)
+      if _OUT.value:
+        host_rss.write_row(_OUT.value, {"name": f"scale_{objective}", "command": "python " + shlex.join(sys.argv),
+            "predicted": result["predicted"], **{k: result[k] for k in ("peak_rss_bytes", "wall_s", "exit")}})
+      print(f"[{objective}] predicted {json.dumps(result['predicted'])}", file=sys.stderr, flush=True)
     results.append((objective, result))
     print(f"[{objective}] peak RSS {result['peak_rss_bytes'] / 1e9:.2f} GB, {result['wall_s']:.0f} s, exit "
           f"{result['exit']} {result['killed']}".rstrip(), file=sys.stderr, flush=True)
 
   shape = f"[{B}, {R}, {vocab}] bf16 = {tensor_bytes / 1e9:.2f} GB"
   print(f"\nbatch {B} x {R} response tokens, vocab {vocab}, {_STEPS.value} steps; extra: {_EXTRA.value or '-'}")
-  print(f"| objective | peak RSS GB | vs one {shape} | wall s | last step s | mean response tokens | exit |")
-  print("|---|---|---|---|---|---|---|")
+  predicted = " predicted GB (runtime + compile + device) | predicted / measured |" if _PREDICT.value else ""
+  print(f"| objective | peak RSS GB | vs one {shape} | wall s | last step s | mean response tokens | exit |"
+        + predicted)
+  print("|---|---|---|---|---|---|---|" + ("---|---|" if _PREDICT.value else ""))
   for objective, r in results:
     step = f"{r['step_s']:.1f}" if r["step_s"] is not None else "-"
     tokens = f"{r['response_tokens']:.0f}" if r["response_tokens"] is not None else "-"
     status = f"KILLED ({r['killed']})" if r["killed"] else str(r["exit"])
     peak = r["peak_rss_bytes"] / 1e9
     print(f"| {objective} | {'>= ' if r['killed'] else ''}{peak:.2f} | {peak * 1e9 / tensor_bytes:.2f}x | "
-          f"{r['wall_s']:.0f} | {step} | {tokens} | {status} |")
+          f"{r['wall_s']:.0f} | {step} | {tokens} | {status} |" + (_predicted_cells(r) if _PREDICT.value else ""))
   return 1 if any(r["exit"] for _, r in results) else 0
+
+
+def _predicted_cells(result: dict) -> str:
+  p = result["predicted"]
+  parts = " + ".join(f"{p[k] / 1e9:.2f}" for k in ("runtime_bytes", "compile_bytes", "device_bytes"))
+  return f" {p['peak_bytes'] / 1e9:.2f} ({parts}) | {p['peak_bytes'] / result['peak_rss_bytes']:.2f} |"
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import math
 import os
 
 from opd_jax.experiments import real_pair_tables
-from opd_jax.experiments.files import read_budget, read_json, read_results
+from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.experiments.validation import compare_with_rules
 
@@ -132,10 +132,22 @@ def plans_table(plans: dict[str, dict]) -> str:
                        f"{plans[n]['device_memory_bytes'] / 2**30:.0f} GiB x {plans[n]['learner_devices']}, "
                        f"micro-batch {plans[n]['micro_batch_used']}")
   body.append(["compile (s, all programs)"] + [f"{compile_s(n):.0f}" for n in names])
+  if all(plans[n].get("planner_peak_rss_bytes") for n in names):
+    body.append(["planner peak RSS (GB, host)"] + [f"{plans[n]['planner_peak_rss_bytes'] / 1e9:.2f}" for n in names])
   body.append(["verdict"] + [verdict(n) for n in names])
   header = ["program (GiB per device)"] + [f"configs/real/{n}.py" for n in names]
   return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                    + ["| " + " | ".join(row) + " |" for row in body])
+
+
+def host_rss_table(rows: list[dict]) -> str:
+  """Predicted (launch/plan_memory.py --host_rss) vs measured peak RSS of whole runs on this CPU host
+  (launch/bench/host_rss.py, launch/bench/scale.py --predict; GB = 1e9 bytes)."""
+  gb = lambda x: f"{x / 1e9:.2f}"
+  body = [[r["name"], f"{gb(r['predicted']['peak_bytes'])} = " + " + ".join(
+      gb(r["predicted"][k]) for k in ("runtime_bytes", "compile_bytes", "device_bytes")),
+           gb(r["peak_rss_bytes"]), f"{r['predicted']['peak_bytes'] / r['peak_rss_bytes']:.2f}"] for r in rows]
+  return _md(["run", "predicted GB = runtime + compile + device", "measured peak GB", "predicted / measured"], body)
 
 
 def all_tables(results_dir: str) -> dict[str, str]:
@@ -168,6 +180,9 @@ def all_tables(results_dir: str) -> dict[str, str]:
              for f in sorted(os.listdir(plans_dir)) if f.endswith(".json")}
     if plans:
       tables["real-scale plans"] = plans_table(plans)
+  host_path = os.path.join(results_dir, "host_rss.jsonl")
+  if os.path.exists(host_path):
+    tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
   tables.update(real_pair_tables.tables(results_dir))
   return tables
 
@@ -194,6 +209,8 @@ def source_of(title: str) -> str:
     return "results/prefix_shift_pair1.json"
   if title == "real-scale plans":
     return "results/plans/"
+  if title == "host memory":
+    return "results/host_rss.jsonl"
   return "results/smollm2/"
 
 

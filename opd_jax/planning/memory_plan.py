@@ -1,9 +1,10 @@
 """Memory planner: does an OPD run fit the device? Answered without a GPU and without allocating weights.
 
-Every jitted program of a run (sampler, teacher scoring, train step, evaluation sampler and reverse KL; built
-by opd_jax/train/programs.py, as the training loop builds them) is compiled ahead
-of time with abstract, sharded arguments (`jax.ShapeDtypeStruct` + `NamedSharding`) on a mesh of simulated
-CPU devices, and XLA's buffer assignment gives per-device bytes (`compiled.memory_analysis()`):
+Every jitted program of a run (sampler, teacher scoring, train step, the evaluation samplers (greedy, and
+temperature 1 with `train.eval_sampled`) and the evaluation reverse KL; built by opd_jax/train/programs.py, as
+the training loop builds them) is compiled ahead of time with abstract, sharded arguments
+(`jax.ShapeDtypeStruct` + `NamedSharding`) on a mesh of simulated CPU devices, and XLA's buffer assignment
+gives per-device bytes (`compiled.memory_analysis()`):
 
   argument  the program's inputs (parameters, optimizer state, batch)
   output    its outputs
@@ -342,6 +343,9 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
       "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
                                  ("learner_params", "teacher_params")),
   }
+  if "_sampled" in run.eval_samplers:  # train.eval_sampled: a second, temperature-1 evaluation program
+    programs_by_name["eval_sampler_sampled"] = dataclasses.replace(
+        programs_by_name["eval_sampler"], fn=run.eval_samplers["_sampled"]._fn)
   on_device = plan.snapshots_on == "device"
   resident = {"teacher_params": t_params, "learner_params": state.params, "optimizer_state": state.opt_state,
               "rollout_batch": batch, "sampler_weights": sampler_params,
@@ -381,6 +385,8 @@ class MemoryPlan:
   micro_batch_used: int
   micro_batch_size: int  # largest that fits (0: none does)
   micro_batch_totals: dict[int, int]  # train-step total at each micro-batch compiled
+  pools: dict[str, str] = dataclasses.field(default_factory=dict)  # program -> learner | sampler (its devices)
+  planner_peak_rss_bytes: int = 0  # the planning process's own peak RSS: the host memory its compiles needed
 
   @property
   def peak_bytes_per_device(self) -> int:
@@ -404,6 +410,7 @@ class MemoryPlan:
         "sampler_param_bytes": self.resident["sampler_weights"],  # per sampler device
         "host_snapshot_bytes": (self.resident["sampler_weights"] * self.plan.staleness_steps
                                 if self.plan.snapshots_on == "host" else 0),  # per sampler device, host memory
+        "planner_peak_rss_bytes": self.planner_peak_rss_bytes,
     }
 
 
@@ -474,7 +481,8 @@ def plan_memory(plan: PlanConfig, log: Callable[[str], None] = lambda s: None) -
   totals = {name: _total(memory[name], program, resident, plan) for name, program in programs.items()}
   trials = {used: totals["train_step"]}
   best = largest_micro_batch(plan, mesh, resident, trials, log)
-  return MemoryPlan(plan, memory, totals, resident, used, best, trials)
+  pools = {name: program.pool for name, program in programs.items()}
+  return MemoryPlan(plan, memory, totals, resident, used, best, trials, pools, rss_bytes()[1])
 
 
 def format_plan(result: MemoryPlan) -> str:
@@ -511,7 +519,7 @@ def format_plan(result: MemoryPlan) -> str:
 
 # ---- Check against a real run: predicted vs measured peak RSS of the train step on CPU. ----
 
-def _rss_bytes() -> tuple[int, int]:
+def rss_bytes() -> tuple[int, int]:
   """(current, peak) resident set size of this process."""
   with open("/proc/self/statm") as f:
     current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -529,9 +537,9 @@ def _rss_worker(plan_hex: str) -> None:
   plan = pickle.loads(bytes.fromhex(plan_hex))
   program = build_programs(plan, plan_mesh(plan), plan.micro_batch_size or plan.batch_size)[0]["train_step"]
   compiled = program.fn.lower(*program.args).compile()
-  before, max_before = _rss_bytes()
+  before, max_before = rss_bytes()
   jax.block_until_ready(compiled(*_concrete(program.args)))
-  _, max_after = _rss_bytes()
+  _, max_after = rss_bytes()
   print(json.dumps({"measured_bytes": max_after - before, "valid": max_after > max_before}))
 
 
