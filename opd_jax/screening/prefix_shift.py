@@ -16,15 +16,19 @@ For a noise level sigma, with common random numbers (the same key for the clean 
 (c) What TIS repairs: the sampled-token OPD estimate on noisy rollouts, k1 = mean_t log pi(a_t)/pi_T(a_t),
     estimates the wrong thing at each prefix because a_t ~ mu, not pi. `k1_naive_error` is its gap to
     `prefix_kl_noisy` (the exact value on the same prefixes) and `k1_tis_error` the gap after truncated
-    importance weights min(pi/mu, C) (self-normalized). TIS shrinks the per-token error; the remaining
-    distance to `prefix_kl_clean`, the prefix shift, no per-token weight can remove.
+    importance weights min(pi/mu, C) (self-normalized). TIS shrinks the per-token error. Its weights also
+    change which prefixes count (each position weighted by its own token's ratio), so they move the prefix
+    shift too, though a per-token ratio is not the trajectory's pi(h) / mu(h) and nothing makes the move
+    land on zero: see (d).
 (d) What sequence-level weights repair: every correction of `objectives.losses.importance_weights` (token tis /
     mis, sequence seq_tis / geo_tis / geo_reject) weights the noisy rollouts, self-normalized, and
     `corrections[kind]` reports the weighted k1 estimate's error against `prefix_kl_clean` (the whole error
     OPD's signal has: per-token bias plus prefix shift), the weighted mean of the exact per-prefix KL against
-    it (`shift`: what is left of the prefix shift once prefixes are reweighted; token weights cannot change
-    it much, sequence weights can in principle, since pi(y) / mu(y) reweights whole trajectories), the share
-    of responses with non-zero weight and the effective sample size of the weights (ESS / responses).
+    it (`shift`: what is left of the prefix shift once prefixes are reweighted; sequence weights pi(y) / mu(y)
+    reweight whole trajectories, token weights one position at a time), the share of responses with non-zero
+    weight and the effective sample size of the weights (ESS / responses). In the shipped pair1 scan
+    (results/prefix_shift_pair1.json) at sigma 0.1 the unweighted shift is +0.096; token TIS moves it to
+    -0.026, MIS to -0.111 and seq_tis to -0.169 (ESS 0.22): token weights do change it, and overshoot.
 """
 
 from __future__ import annotations
