@@ -75,6 +75,7 @@ def test_calibrate_and_verdict():
 def test_budget_file_has_pairs_pooled_and_transfer():
   budget = build_budget(_rows(0, "pair1") + _rows(1, "pair2"), tolerance=0.03, relative=False)
   assert set(budget["budgets"]) == {"pair1", "pair2", "pooled"}
+  assert budget["scale"] == "k3" and budget["scale_measured_as"].startswith("run mean")  # which k3: the file says
   assert set(budget["other_scales"]["pooled"]) == {"k1", "tv", "mult_prob_error"}
   assert budget["transfer"]["max_over_min"] >= 1.0
 
@@ -342,3 +343,20 @@ def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():
                     "pooled budget for every pair": 1, "best constant k3 threshold (hindsight)": 2}
   assert (compared["seed_level"]["agreed"], compared["seed_level"]["n"]) == (5, 6)  # pair2 @0.6: one seed lost
   assert compared["straddling"] == 1
+
+
+def test_admission_and_run_mean_k3_side_by_side():
+  """Ratios of the two k3 quantities, their geometric mean and spread, and the verdicts that dividing by the mean
+  ratio would change: a point admitted at 0.9 against a 0.8 budget is rejected as measured (0.9 > 0.8) but
+  admitted once divided by the 2x mean ratio; rows without a run k3 are left out."""
+  import math
+  from opd_jax.experiments.validation import admission_vs_run_k3
+  rows = [{"pair": "pair1", "point": "a", "measured": 0.9, "run_k3": 0.45, "budget": 0.8, "admit": False},
+          {"pair": "pair1", "point": "b", "measured": 4.0, "run_k3": 2.0, "budget": 0.8, "admit": False},
+          {"pair": "pair2", "point": "c", "measured": 0.2, "run_k3": 0.1, "budget": 0.8, "admit": True},
+          {"pair": "pair2", "point": "d", "measured": 0.5, "run_k3": None, "budget": 0.8, "admit": True}]
+  compared = admission_vs_run_k3({"rows": rows})
+  assert compared["n"] == 3 and [r["ratio"] for r in compared["rows"]] == [2.0, 2.0, 2.0]
+  assert math.isclose(compared["geo_mean"], 2.0) and math.isclose(compared["geo_sd"], 1.0)
+  assert compared["flips"] == 1
+  assert admission_vs_run_k3({"rows": rows[3:]}) == {"n": 0, "rows": []}

@@ -32,6 +32,12 @@ def main_horizon(rows: list[dict]):
   return max(counts, key=lambda h: (counts[h], h or 0))
 
 
+# Which k3 the budgets are in (the admission check's is another: see docs/study.md, "Two k3 quantities").
+SCALE_MEASURED_AS = ("run mean: the training step's mismatch/k3 averaged over a run's logged steps; the admission "
+                     "check measures k3 once at step 0 on a calibration batch and compares it with these budgets "
+                     "unconverted (their ratio on the held-out points: docs/study.md, two k3 quantities)")
+
+
 def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True) -> dict:
   """Per-pair and pooled budgets (primary scale) plus the other scales' fits (`other_scales`), from finished
   sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
@@ -62,7 +68,8 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
               "max_over_min": (max(per_pair.values()) / min(per_pair.values())
                                if len(per_pair) > 1 and min(per_pair.values()) > 0 else None),
               "matrix": transfer_matrix(main_rows, budgets, per_pair, tolerance, relative)}
-  return {"scale": PRIMARY, "tolerance": tolerance, "tolerance_relative": relative, "steps": main,
+  return {"scale": PRIMARY, "scale_measured_as": SCALE_MEASURED_AS, "tolerance": tolerance,
+          "tolerance_relative": relative, "steps": main,
           "horizons": horizons, "budgets": budgets, "other_scales": others, "transfer": transfer,
           "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps")} for r in usable]}
 

@@ -14,7 +14,7 @@ import os
 from opd_jax.experiments import real_pair_tables
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
-from opd_jax.experiments.validation import compare_with_rules
+from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
 
 SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
           "corrections", "corrections_grpo")  # results/<name>.jsonl
@@ -94,6 +94,20 @@ def validation_rules_table(validation: dict) -> str:
   return _md(["rule", "agrees with the real runs", "95% Wilson interval", "note"], body)
 
 
+def k3_quantities_table(validation: dict) -> str:
+  """Admission-time k3 against the run-mean k3 the budgets are calibrated on (experiments.validation
+  .admission_vs_run_k3), per held-out configuration, with the geometric mean ratio."""
+  compared = admission_vs_run_k3(validation)
+  body = [[r["pair"], r["point"], _g(r["admission_k3"]), _g(r["run_k3"]), f"{r['ratio']:.2f}"]
+          for r in compared["rows"]]
+  body.append(["all", f"geometric mean of {compared['n']}", "", "",
+               f"{compared['geo_mean']:.2f} x/÷ {compared['geo_sd']:.2f}"])
+  body.append(["all", f"verdicts that change when the admission k3 is divided by {compared['geo_mean']:.2f}", "",
+               "", f"{compared['flips']} of {compared['n']}"])
+  return _md(["pair", "held-out point", "admission k3 (step 0)", "run-mean k3 (seed mean)", "admission / run"],
+             body)
+
+
 def importance_table(rows: list[dict]) -> str:
   """Runs that logged their importance weights: mean weight, ESS share, and the share of updates the ESS guard
   (objective.min_ess) skipped ("-" without the guard)."""
@@ -171,6 +185,8 @@ def all_tables(results_dir: str) -> dict[str, str]:
     validation = read_json(validation_path, "validation file")
     tables["validation"] = validation_table(validation)
     tables["validation against simple rules"] = validation_rules_table(validation)
+    if admission_vs_run_k3(validation)["n"]:
+      tables["validation: admission k3 vs run-mean k3"] = k3_quantities_table(validation)
   prefix_path = os.path.join(results_dir, "prefix_shift_pair1.json")
   if os.path.exists(prefix_path):
     tables["corrections (prefix shift, pair1)"] = corrections_table(read_json(prefix_path, "prefix-shift file"))

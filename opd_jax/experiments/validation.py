@@ -158,3 +158,21 @@ def compare_with_rules(validation: dict) -> dict:
     seed_agreed += sum(r["admit"] == (loss <= tolerance) for loss in losses)
     straddling += min(losses) <= tolerance < max(losses)
   return {"rules": rules, "seed_level": entry(seed_agreed, seed_total), "straddling": straddling}
+
+
+def admission_vs_run_k3(validation: dict) -> dict:
+  """The two k3 quantities side by side on the held-out rows that have both: the admission check's (step 0, a
+  calibration batch, the candidate's sampler against the unquantized learner) and the run's mean of
+  `mismatch/k3` over its logged steps (seed mean), which is the quantity the budgets are calibrated on.
+  Returns per-row ratios, their geometric mean and geometric standard deviation, and how many admission verdicts
+  would flip if the admission k3 were divided by that mean ratio before the comparison with the budget."""
+  rows = [r for r in validation["rows"] if r.get("run_k3")]
+  if not rows:
+    return {"n": 0, "rows": []}
+  log_ratios = np.log([r["measured"] / r["run_k3"] for r in rows])
+  factor = float(np.exp(log_ratios.mean()))
+  spread = float(np.exp(log_ratios.std(ddof=1))) if len(rows) > 1 else 1.0
+  flips = sum((r["measured"] / factor <= r["budget"]) != r["admit"] for r in rows)
+  return {"n": len(rows), "geo_mean": factor, "geo_sd": spread, "flips": flips,
+          "rows": [{"pair": r["pair"], "point": r["point"], "admission_k3": r["measured"], "run_k3": r["run_k3"],
+                    "ratio": r["measured"] / r["run_k3"]} for r in rows]}
