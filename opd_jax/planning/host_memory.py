@@ -16,12 +16,12 @@ CPU backend, where device buffers are host memory, the peak RSS of a run is the 
 No term is fitted: the first two are measured by compiling (never running) the run's programs, the last two
 come from XLA's buffer assignment. Known bias: the run interleaves its compiles with executions whose buffers
 keep part of the compiler's freed memory from being reused, while the child compiles back to back, so the
-prediction runs low (pair1: 1.15 GB predicted, 1.29-1.35 GB measured without the compilation cache;
+prediction runs low (pair1: 1.16 GB predicted, 1.32-1.38 GB measured without the compilation cache;
 results/host_rss.jsonl has the shipped comparisons). It assumes the run compiles every program itself: a
-warm persistent compilation cache lowers the compile term (the same pair1 run peaked at 1.10 GB with it). It
+warm persistent compilation cache lowers the compile term (the same pair1 run peaked at 1.13 GB with it). It
 also assumes a bounded allocator retention, which `train.malloc_arena_max` (glibc's arena cap, applied at
-the start of launch/train.py) helps: without the cache, 60-step pair1 runs peaked at 1.29-1.34 GB in four
-capped runs and at 1.32 and 1.43 GB in two with glibc's default.
+the start of launch/train.py) helps: without the cache, 60-step pair1 runs peaked at 1.32-1.37 GB in four
+capped runs and at 1.35 and 1.46 GB in two with glibc's default (GB = 1e9 bytes).
 
 On an accelerator the device buffers are not host memory and the compiler is another one; this prediction is
 for runs on the CPU backend (the laptop case), and the device plan is the one for accelerators.

@@ -2,8 +2,8 @@
 
 glibc gives each thread that contends for the heap an arena of its own, up to 8 per core, and memory a thread
 frees stays in its arena, so how much freed memory a run keeps depends on thread timing. On pair1 (60 steps,
-the same numbers every time, no compilation cache) capped runs peaked at 1.29-1.34 GB (four runs) and runs with
-glibc's default at 1.32 and 1.43 GB, in the same time within this host's noise. A bounded retention is what
+the same numbers every time, no compilation cache) capped runs peaked at 1.32-1.37 GB (four runs) and runs with
+glibc's default at 1.35 and 1.46 GB (GB = 1e9 bytes), in the same time within this host's noise. A bounded retention is what
 lets the planner predict host memory (opd_jax/planning/host_memory.py).
 `cap_arenas` must run before jax starts its thread pools (launch/train.py calls it first).
 """
