@@ -43,7 +43,7 @@ _MAX_RSS_GB = flags.DEFINE_float("max_rss_gb", 12.0, "Kill a run whose resident 
 _TIMEOUT_S = flags.DEFINE_integer("timeout_s", 0, "Kill a run after this many seconds; 0 = no limit.")
 _CONFIG = flags.DEFINE_string("config", "configs/pair1.py", "Base config file (a Qwen3 pair config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs' workdirs go (default: <root>/runs).")
-_OUT = flags.DEFINE_string("out", "", "With --predict: a JSONL file to keep one row per objective in "
+_OUT = flags.DEFINE_string("out", "", "With --predict: a JSONL file to keep one row per finished objective in "
                            "(scale_<objective>: prediction, measured peak RSS, wall), e.g. results/host_rss.jsonl.")
 _PREDICT = flags.DEFINE_bool("predict", False, "Also run launch/plan_memory.py --host_rss on each run's exact "
                              "config and print the predicted peak RSS next to the measured one.")
@@ -113,7 +113,7 @@ def main(argv):
     if _PREDICT.value:
       result["predicted"] = host_rss.predict_host_rss(os.path.join(REPO, "launch", "plan_memory.py"),
                                                       [arg for arg in cmd if arg.startswith("--config")], env)
-      if _OUT.value:
+      if _OUT.value and not result["exit"]:
         host_rss.write_row(_OUT.value, {"name": f"scale_{objective}", "command": "python " + shlex.join(sys.argv),
             "predicted": result["predicted"], **{k: result[k] for k in ("peak_rss_bytes", "wall_s", "exit")}})
       print(f"[{objective}] predicted {json.dumps(result['predicted'])}", file=sys.stderr, flush=True)
