@@ -126,6 +126,10 @@ CASES = [
      "--out={d}/report", "only read with --validate"),
     ("results_tables_missing", "launch/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
     ("results_tables_out_folder", "launch/results_tables.py", "--out={d}/nope/results.md", "its folder does not exist"),
+    ("host_rss_args", "launch/bench/host_rss.py", "--name=x", "--train_args=--workdir={d}/a",
+     "must be --config=FILE and --config.x=v arguments only"),
+    ("host_rss_out_folder", "launch/bench/host_rss.py", "--name=x", "--train_args=--config=configs/pair1.py",
+     "--out={d}/nope/rows.jsonl", "its folder does not exist"),
     # the other scripts
     ("sweep_missing_config", "launch/sweep.py", "--config=configs/sweeps/nope.py", "--workdir={d}/sweep",
      "does not exist"),

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 
+from opd_jax.errors import InputError
 from opd_jax.experiments.files import write_text
 
 
@@ -117,6 +118,9 @@ def predict_host_rss(plan_memory_script: str, config_args: list[str], env: dict 
   """launch/plan_memory.py --host_rss --json on a train command's --config arguments: the same run, planned."""
   plan = subprocess.run([sys.executable, plan_memory_script, *config_args, "--host_rss", "--json"],
                         capture_output=True, text=True, env=env)
+  errors = [line[len("error: "):] for line in plan.stderr.splitlines() if line.startswith("error: ")]
+  if plan.returncode == 2 and errors:  # bad input to the planner: the same config would not run either
+    raise InputError(f"plan_memory.py: {errors[-1]}")
   if plan.returncode:
     raise RuntimeError(f"plan_memory failed:\n{plan.stderr[-3000:]}")
   return json.loads(plan.stdout.strip().splitlines()[-1])["host_rss"]
