@@ -13,7 +13,7 @@ import torch
 from flax import nnx
 
 from configs import common
-from opd_jax.models import load_pretrained, load_tokenizer
+from opd_jax.models import layer_stack, load_pretrained, load_tokenizer
 from opd_jax.models import sharding as shard_lib
 from opd_jax.train import export
 from opd_jax.train.loop import train
@@ -61,9 +61,9 @@ def test_export_round_trip_matches_transformers(run, tiny_pair, tmp_path):
   assert not _leftovers(tmp_path)
 
   graphdef, params = export.restore_params(run)  # the latest step
-  initial = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(load_pretrained(
-      tiny_pair["student"]), nnx.Param))}
-  trained = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(params)}
+  initial = {p: np.asarray(v) for p, v in layer_stack.per_layer_flat(nnx.state(load_pretrained(
+      tiny_pair["student"]), nnx.Param))}  # stacked storage, compared layer by layer with the run's per-layer one
+  trained = {p: np.asarray(v) for p, v in layer_stack.per_layer_flat(params)}
   assert initial.keys() == trained.keys()
   assert max(float(np.abs(trained[p] - initial[p]).max()) for p in trained) > 1e-4, "training changed nothing"
 
@@ -119,8 +119,8 @@ def test_sharded_params_export_identical_files(run, tmp_path):
     with open(os.path.join(one, file), "rb") as a, open(os.path.join(eight, file), "rb") as b:
       assert a.read() == b.read(), file
   reloaded = nnx.state(load_pretrained(eight), nnx.Param)
-  for (path, got), (_, want) in zip(nnx.to_flat_state(reloaded), nnx.to_flat_state(params)):
-    np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(want.get_value()), err_msg=str(path))
+  for (path, got), (_, want) in zip(layer_stack.per_layer_flat(reloaded), layer_stack.per_layer_flat(params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(path))
   assert not _leftovers(tmp_path)
 
 
@@ -131,8 +131,8 @@ def test_bfloat16_export_and_failed_export_keeps_old(run, tmp_path, monkeypatch)
   out = str(tmp_path / "export")
   export.export_student(graphdef, params, student, out, dtype="bfloat16")
   reloaded = nnx.state(load_pretrained(out, "bfloat16"), nnx.Param)
-  for (_, got), (_, want) in zip(nnx.to_flat_state(reloaded), nnx.to_flat_state(params)):
-    np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(want.get_value().astype(jnp.bfloat16)))
+  for (_, got), (_, want) in zip(layer_stack.per_layer_flat(reloaded), layer_stack.per_layer_flat(params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.bfloat16)))
   before = {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)}
 
   def fail(*args):

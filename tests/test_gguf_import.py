@@ -7,9 +7,10 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from opd_jax.errors import InputError
-from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
+from opd_jax.models import layer_stack, load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models.gguf_import import import_gguf
 from opd_jax.models.tokenizer import encode_prompt
 from tests.gguf_files import CHAT_TEMPLATE, SHAPE, write_gguf
@@ -65,7 +66,7 @@ def test_qwen3_import_matches_transformers_on_the_written_directory(imported):
   reader = gguf.GGUFReader(os.path.join(folder, name))
   q_norm = next(t for t in reader.tensors if t.name == "blk.1.attn_q_norm.weight")
   model = load_pretrained(hf, jnp.float32)
-  np.testing.assert_array_equal(np.asarray(model.layers[1].self_attn.q_norm.weight.get_value()),
+  np.testing.assert_array_equal(np.asarray(layer_stack.get(nnx.state(model), "layers.1.self_attn.q_norm.weight")),
                                 np.asarray(q_norm.data))
   tokens = np.random.default_rng(1).integers(0, config.vocab_size, (2, 24))
   with torch.no_grad():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from opd_jax.models import CheckpointError, load_pretrained, read_hf_config, save_pretrained
+from opd_jax.models import CheckpointError, layer_stack, load_pretrained, read_hf_config, save_pretrained
 from opd_jax.models.hf_io import hf_name
 from tests import checkpoints
 
@@ -81,7 +81,7 @@ def test_sharded_export_and_load(tiny_checkpoints, tmp_path):
 def test_bfloat16_parameters(tiny_checkpoints):
   path = tiny_checkpoints["qwen3"]
   model = load_pretrained(path, dtype=jnp.bfloat16)
-  assert model.layers[0].self_attn.q_proj.kernel.get_value().dtype == jnp.bfloat16
+  assert model.layers.self_attn.q_proj.kernel.get_value().dtype == jnp.bfloat16  # stacked [L, ...]
   tokens = jnp.asarray(np.random.RandomState(5).randint(0, checkpoints.VOCAB, (2, 8)))
   logits = model(tokens)
   assert logits.dtype == jnp.float32
@@ -219,8 +219,7 @@ def _logits_and_grads(model, tokens, valid):
     return jnp.sum(jnp.where(valid[..., None], logits * weights, 0.0)), logits
 
   (_, logits), grads = jax.jit(jax.value_and_grad(scalar, has_aux=True))(state)
-  return np.asarray(logits), {".".join(map(str, p)): np.asarray(v.get_value()) for p, v in
-                               nnx.to_flat_state(grads)}
+  return np.asarray(logits), {layer_stack.dotted(p): np.asarray(v) for p, v in layer_stack.per_layer_flat(grads)}
 
 
 def _assert_close(got, want, valid, logits_atol, grad_rtol):
@@ -272,21 +271,23 @@ def test_scanned_layers_match_unrolled(tiny_checkpoints, remat):
     _assert_close(unrolled, no_remat, valid, _FUSED_LOGITS_ATOL, _FUSED_GRAD_RTOL)
 
 
-def test_scan_only_when_layers_are_alike(tiny_checkpoints):
-  """Alike layers are scanned; a layer with a different state (here one bf16 kernel, as a per-layer precision
-  recipe makes) falls back to the unrolled loop with the same numbers."""
+def test_scan_only_when_layers_are_stacked(tiny_checkpoints):
+  """A stacked state is scanned; per-layer values (here one bf16 kernel, as a per-layer precision recipe makes)
+  run the layers one by one with the same numbers as per-layer storage."""
   model = load_pretrained(tiny_checkpoints["llama"])
   tokens, valid = _padded_batch()
   graphdef, state = nnx.split(model)
-  jaxpr = lambda: str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(tokens, valid_BxT=valid))(state))
-  assert "scan" in jaxpr()
-  kernel = model.layers[1].mlp.up_proj.kernel
-  kernel.set_value(kernel.get_value().astype(jnp.bfloat16))
-  graphdef, state = nnx.split(model)
-  assert "scan" not in jaxpr()
+  jaxpr = lambda state: str(jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(tokens, valid_BxT=valid))(state))
+  assert "scan" in jaxpr(state)
+  split = layer_stack.unstack(state)
+  kernel = split["layers"]["mlp"]["up_proj"]["kernel"]
+  values = list(kernel.get_value())
+  values[1] = values[1].astype(jnp.bfloat16)
+  kernel.set_value(layer_stack.PerLayer(values))
+  assert "scan" not in jaxpr(split)
   unrolled = load_pretrained(tiny_checkpoints["llama"], scan_layers=False)
-  unrolled.layers[1].mlp.up_proj.kernel.set_value(kernel.get_value())
-  np.testing.assert_array_equal(np.asarray(model(tokens, valid_BxT=valid)),
+  unrolled.layers[1].mlp.up_proj.kernel.set_value(values[1])
+  np.testing.assert_array_equal(np.asarray(nnx.merge(graphdef, split)(tokens, valid_BxT=valid)),
                                 np.asarray(unrolled(tokens, valid_BxT=valid)))
 
 

@@ -7,7 +7,7 @@ import pytest
 from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 
-from opd_jax.models import load_pretrained, shapes
+from opd_jax.models import layer_stack, load_pretrained, shapes
 from opd_jax.rollout import kv_cache, memory, precision
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.noise import add_relative_noise
@@ -75,12 +75,11 @@ def test_noise_has_exact_relative_norm_and_is_reproducible(tiny_checkpoints):
   state = nnx.state(load_pretrained(tiny_checkpoints["qwen2"]))
   noisy = add_relative_noise(state, 0.05, jax.random.key(7))
   again = add_relative_noise(state, 0.05, jax.random.key(7))
-  for (path, a), (_, b), (_, c) in zip(nnx.to_flat_state(state), nnx.to_flat_state(noisy),
-                                       nnx.to_flat_state(again)):
-    a, b = a.get_value(), b.get_value()
+  view = layer_stack.per_layer_flat  # one ratio per layer tensor, whatever the storage
+  for (path, a), (_, b), (_, c) in zip(view(state), view(noisy), view(again)):
     ratio = float(jnp.linalg.norm(b - a) / jnp.linalg.norm(a))
     assert abs(ratio - 0.05) < 1e-4, path
-    np.testing.assert_array_equal(b, c.get_value())
+    np.testing.assert_array_equal(b, c)
 
 
 def test_recipe_stores_quantized_values_and_saves_bytes(tiny_checkpoints):
@@ -88,7 +87,7 @@ def test_recipe_stores_quantized_values_and_saves_bytes(tiny_checkpoints):
   state = nnx.state(model)
   rules = precision.recipe_rules("int8")
   quantized = precision.apply_recipe(state, rules)
-  kernel = quantized["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
+  kernel = layer_stack.get(quantized, "layers.0.mlp.up_proj.kernel")  # one layer of the stacked [L, ...] kernel
   assert isinstance(kernel, QTensor) and kernel.qvalue.dtype == jnp.int8 and kernel.scale[0].shape == (1, 80)
   assert not isinstance(quantized["embed_tokens"]["embedding"].get_value(), QTensor)  # shorthand skips it
   # The analytic accounting equals the bytes actually held (learner float32 -> native 4 bytes).
@@ -103,7 +102,7 @@ def test_recipe_stores_quantized_values_and_saves_bytes(tiny_checkpoints):
   for name, levels in (("int4", 7), ("int3", 3), ("int2", 1), ("fp8_tensor", None)):
     recipe = precision.recipe_rules(name, embedding=True)
     out = precision.apply_recipe(state, recipe)
-    kernel = out["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
+    kernel = layer_stack.get(out, "layers.0.mlp.up_proj.kernel")
     assert kernel.qvalue.dtype == (jnp.float8_e4m3fn if levels is None else jnp.int4)
     assert kernel.scale[0].shape == ((1, 1) if levels is None else (1, 80))
     assert precision.state_bytes(out) == memory.weight_bytes(model.config, recipe, 4)
@@ -115,9 +114,11 @@ def test_per_layer_rules_first_match_wins(tiny_checkpoints):
   state = nnx.state(load_pretrained(tiny_checkpoints["qwen3"]))
   rules = precision.recipe_rules(rules=[(r"layers\.0\.", "bf16"), (r"mlp", "fp8")])
   out = precision.apply_recipe(state, rules)
-  assert out["layers"][0]["mlp"]["up_proj"]["kernel"].get_value().dtype == jnp.bfloat16
-  assert isinstance(out["layers"][1]["mlp"]["up_proj"]["kernel"].get_value(), QTensor)
-  assert out["layers"][1]["self_attn"]["q_proj"]["kernel"].get_value().dtype == jnp.float32
+  assert layer_stack.get(out, "layers.0.mlp.up_proj.kernel").dtype == jnp.bfloat16
+  assert isinstance(layer_stack.get(out, "layers.1.mlp.up_proj.kernel"), QTensor)
+  assert layer_stack.get(out, "layers.1.self_attn.q_proj.kernel").dtype == jnp.float32
+  # Layers of two precisions cannot share one [L, ...] array: the stacked parameters are kept per layer.
+  assert layer_stack.is_per_layer(out["layers"]["mlp"]["up_proj"]["kernel"].get_value())
 
 
 @pytest.mark.slow
@@ -147,11 +148,12 @@ def test_kv_quantization_error_is_bounded():
 @pytest.mark.slow  # the fast tier keeps the int8 KV cache (test_each_precision_knob_is_small_and_nonzero)
 def test_int4_kv_cache_packs_two_values_per_byte_and_reads_back_what_was_written():
   x = jax.random.normal(jax.random.key(1), (2, 3, 2, 8))  # [B, T, K, H]
-  cache = kv_cache.KVCache.init(batch=2, slots=5, num_layers=1, num_kv_heads=2, head_dim=8,
+  cache = kv_cache.KVCache.init(batch=2, slots=5, num_layers=2, num_kv_heads=2, head_dim=8,
                                 compute_dtype=jnp.float32, kv_dtype="int4")
-  layer = cache.layers[0].write(x, -x, 1)
-  assert layer.k_BxKxHxS.shape == (2, 2, 4, 5) and layer.k_BxKxHxS.dtype == jnp.uint8
-  k, v = layer.read(jnp.float32)
+  cache = cache.write(1, x, -x, 1)
+  assert cache.k_LxBxKxHxS.shape == (2, 2, 2, 4, 5) and cache.k_LxBxKxHxS.dtype == jnp.uint8
+  np.testing.assert_array_equal(cache.read(0, jnp.float32)[0], 0.0)  # the other layer is untouched
+  k, v = cache.read(1, jnp.float32)
   want = kv_cache.quantize_dequantize(x, "int4")
   np.testing.assert_array_equal(k[..., 1:4], want.transpose(0, 2, 3, 1))
   np.testing.assert_array_equal(v[:, :, 1:4], kv_cache.quantize_dequantize(-x, "int4").transpose(0, 2, 1, 3))

@@ -107,8 +107,8 @@ def test_sampler_on_its_own_mesh_matches_one_device(tiny_checkpoints):
   sync = WeightSync(RolloutConfig(), state, mesh, jnp.float32)
   sampler = Sampler(graphdef, config, mesh=mesh, state_shardings=sync.shardings)
   sampler_state = sync(state, 0)
-  q_spec = sampler_state["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value().sharding.spec
-  assert tuple(q_spec) == (None, "tensor")
+  q_spec = sampler_state["layers"]["self_attn"]["q_proj"]["kernel"].get_value().sharding.spec
+  assert tuple(q_spec) == (None, None, "tensor")  # [L, D, heads]: the layer axis whole
   put = lambda x: jax.device_put(x, sampler.batch_sharding)
   sharded = sampler(sampler_state, put(tokens), put(valid), jax.random.key(5))
   assert sharded.tokens_BxN.sharding.spec[0] == ("data", "fsdp")
@@ -178,10 +178,9 @@ def test_chunked_decode_equals_one_loop_over_the_full_cache(tiny_checkpoints, kv
 def test_kv_cache_grows_with_empty_slots_and_refuses_to_shrink():
   cache = KVCache.init(batch=2, slots=3, num_layers=1, num_kv_heads=2, head_dim=4, compute_dtype=jnp.float32,
                        kv_dtype="int8")
-  cache = cache.replace(layers=[cache.layers[0].write(jnp.ones((2, 3, 2, 4)), jnp.ones((2, 3, 2, 4)), 0)],
-                        valid_BxS=jnp.ones((2, 3), bool))
+  cache = cache.write(0, jnp.ones((2, 3, 2, 4)), jnp.ones((2, 3, 2, 4)), 0).replace(valid_BxS=jnp.ones((2, 3), bool))
   grown = cache.grow(5)
-  k, v = grown.layers[0].read(jnp.float32)
+  k, v = grown.read(0, jnp.float32)
   assert grown.slots == 5 and k.shape == (2, 2, 4, 5) and v.shape == (2, 2, 5, 4)
   np.testing.assert_allclose(k[..., :3], 1.0, rtol=1e-2)
   np.testing.assert_array_equal(k[..., 3:], 0.0)

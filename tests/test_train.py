@@ -105,8 +105,8 @@ def test_eight_devices_match_one(tiny_pair, objective):
       np.testing.assert_allclose(float(many[key]), float(one[key]), rtol=1e-5, atol=1e-6, err_msg=(shape, key))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(one_state.params)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-  kernel = state.params["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
-  assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  kernel = state.params["layers"]["mlp"]["up_proj"]["kernel"].get_value()  # stacked [L, D, F]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
 
 
 def test_non_finite_step_is_skipped(tiny_pair):

@@ -21,21 +21,21 @@ kernel can produce NaN there (XLA's own masking already avoids it; cuDNN is not 
 cache (decode, T = 1, and the sampler's prefill) the model always uses `_attend`: it reads the cache
 layouts k_BxKxHxS / v_BxKxSxH directly and has a CPU-tuned T = 1 path.
 
-Layer stack (no-cache path): with `scan_layers` and layers whose nnx states are alike (same graph, tree and
-leaf shapes/dtypes: always so for a learner or teacher, not for per-layer precision recipes), the per-layer
-states are stacked leaf-wise at call time ([L, ...] per leaf) and one layer body runs under `jax.lax.scan`,
-so the traced program does not grow with depth. Storage stays per layer (`layers.3.self_attn.q_proj.kernel`),
-so HF import/export, sharding rules and precision recipes see the same paths; the price is one stacked copy
-of the layer weights in the forward (and of their gradients, sliced back per layer, in the backward).
-Otherwise, and always with a cache, layers run in a Python loop. Measured compile times, including where
-scanning loses (XLA:CPU train steps), are in launch/bench/compile.py.
+Layer storage (opd_jax.models.layer_stack): with `scan_layers` the L layers are stored stacked, one
+DecoderLayer whose every parameter is [L, ...] (`layers.self_attn.q_proj.kernel`), and one layer body runs
+under `jax.lax.scan` over the stack as stored (no copy of the weights per forward; gradients come back [L, ...]),
+so the traced program does not grow with depth: full-sequence forwards, and decoding with a KV cache alike
+(the cache rides in the scan's carry and each layer writes its new tokens in place). Without `scan_layers`
+each layer is its own module (`layers.3.self_attn.q_proj.kernel`) and a Python loop runs them, as it does a
+stacked state whose values are `PerLayer` (a precision recipe that treats layers differently). Measured
+compile times, including where scanning loses (XLA:CPU train steps), are in launch/bench/compile.py.
 `remat` wraps the layer body in jax.checkpoint: "full" saves only the layer's inputs
 (checkpoint_policies.nothing_saveable); "dots_saveable" also saves matmul outputs without batch dims
 (checkpoint_policies.dots_with_no_batch_dims_saveable: the weight projections; the attention score and
 value matmuls, which batch over B and heads, are recomputed).
 
-KV cache: any pytree object with `.valid_BxS`, `.layers` (one per layer, each with `write(k, v, index)`
--> new layer cache and `read(dtype)` -> (k_BxKxHxS, v_BxKxSxH)) and `replace(layers=..., valid_BxS=...)`.
+KV cache: any pytree object with `.valid_BxS`, `write(layer, k, v, index)` -> new cache, `read(layer, dtype)`
+-> (k_BxKxHxS, v_BxKxSxH) (`layer` an int or a traced index) and `replace(valid_BxS=...)`.
 `opd_jax.rollout.kv_cache` provides bf16 / int8 / fp8 caches; the model only calls these methods.
 """
 
@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from opd_jax.errors import InputError
+from opd_jax.models import layer_stack
 from opd_jax.models import sharding as shard_lib
 from opd_jax.models.config import ModelConfig, rope_inv_freq
 from opd_jax.models.linear import Embed, Linear
@@ -123,9 +124,11 @@ class Attention(nnx.Module):
     self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     self.dtype = dtype
 
-  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache=None, cache_index=None,
+  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache=None, layer_index=None, cache_index=None,
                attention: str = "reference"):
-    """attention: see ATTENTION_CHOICES; used only without a cache (a cache always goes through `_attend`)."""
+    """With a cache, writes this layer's (`layer_index`) keys and values at `cache_index` and attends over the
+    cache; returns (out, cache). attention: see ATTENTION_CHOICES; used only without a cache (a cache always goes
+    through `_attend`)."""
     B, T, _ = x_BxTxD.shape
     K, H = self.num_kv_heads, self.head_dim
     G = self.num_heads // K
@@ -136,9 +139,9 @@ class Attention(nnx.Module):
       q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
     q_BxTxNxH = apply_rope(q_BxTxNxH, cos_BxTxH, sin_BxTxH)
     k_BxTxKxH = apply_rope(k_BxTxKxH, cos_BxTxH, sin_BxTxH)
-    if layer_cache is not None:
-      layer_cache = layer_cache.write(k_BxTxKxH, v_BxTxKxH, cache_index)
-      k_BxKxHxS, v_BxKxSxH = layer_cache.read(self.dtype)  # see rollout.kv_cache
+    if cache is not None:
+      cache = cache.write(layer_index, k_BxTxKxH, v_BxTxKxH, cache_index)
+      k_BxKxHxS, v_BxKxSxH = cache.read(layer_index, self.dtype)  # see rollout.kv_cache
       out = _attend(q_BxTxNxH.reshape(B, T, K, G, H), k_BxKxHxS, v_BxKxSxH, mask_BxTxS, ("bkhs", "bksh"),
                     self.dtype)
     elif attention == "reference":  # keys and values as computed: [B, S=T, K, H]
@@ -146,7 +149,7 @@ class Attention(nnx.Module):
                     self.dtype)
     else:
       out = _attend_fused(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS, attention)
-    return self.o_proj(out.reshape(B, T, K * G * H)), layer_cache  # out: [B, T, K, G, H] or [B, T, N, H]
+    return self.o_proj(out.reshape(B, T, K * G * H)), cache  # out: [B, T, K, G, H] or [B, T, N, H]
 
 
 class MLP(nnx.Module):
@@ -171,13 +174,13 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
     self.mlp = MLP(config, **kw)
 
-  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_cache=None, cache_index=None,
+  def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache=None, layer_index=None, cache_index=None,
                attention: str = "reference"):
-    attn_BxTxD, layer_cache = self.self_attn(self.input_layernorm(x_BxTxD), cos_BxTxH, sin_BxTxH,
-                                             mask_BxTxS, layer_cache, cache_index, attention)
+    attn_BxTxD, cache = self.self_attn(self.input_layernorm(x_BxTxD), cos_BxTxH, sin_BxTxH, mask_BxTxS, cache,
+                                       layer_index, cache_index, attention)
     x_BxTxD = x_BxTxD + attn_BxTxD
     x_BxTxD = x_BxTxD + self.mlp(self.post_attention_layernorm(x_BxTxD))
-    return x_BxTxD, layer_cache
+    return x_BxTxD, cache
 
 
 def _layer_step(graphdef, attention: str, remat: str, scanned: bool, x_BxTxD, layer_state, cos_BxTxH, sin_BxTxH,
@@ -194,12 +197,11 @@ def _layer_step(graphdef, attention: str, remat: str, scanned: bool, x_BxTxD, la
 
 @functools.lru_cache(maxsize=64)
 def _scanned_layers(graphdef, attention: str, remat: str):
-  """jit(stack the L layer states leaf-wise -> [L, ...], scan one layer body over them). Cached per static
-  layer description, so an eager call does not retrace the scan (inside an outer jit it is inlined)."""
+  """jit(scan one layer body over the stacked [L, ...] layer state, as stored). Cached per static layer
+  description, so an eager call does not retrace the scan (inside an outer jit it is inlined)."""
   step = functools.partial(_layer_step, graphdef, attention, remat, True)
 
-  def run(x_BxTxD, states, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L):
-    stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+  def run(x_BxTxD, stacked_state, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L):
     if keep_L is None:
       body = lambda x, layer_state: (step(x, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS), None)
       return jax.lax.scan(body, x_BxTxD, stacked_state)[0]
@@ -209,20 +211,11 @@ def _scanned_layers(graphdef, attention: str, remat: str):
   return jax.jit(run)
 
 
-def _alike(graphdefs, states) -> bool:
-  """Whether the layers have one graph and states of one tree structure and leaf shapes/dtypes (stackable)."""
-  def signature(state):
-    leaves, treedef = jax.tree.flatten(state)
-    return treedef, [(getattr(leaf, "shape", None), getattr(leaf, "dtype", None)) for leaf in leaves]
-  first = signature(states[0])
-  return (all(shape is not None for shape, _ in first[1]) and all(g == graphdefs[0] for g in graphdefs)
-          and all(signature(state) == first for state in states[1:]))
-
-
 class Decoder(nnx.Module):
   """Causal LM. `m(tokens_BxT)` -> float32 logits [B, T, V]; with a cache, -> (logits, new cache).
 
-  attention: ATTENTION_CHOICES (module docstring); scan_layers: scan alike layers instead of unrolling;
+  attention: ATTENTION_CHOICES (module docstring); scan_layers: store the layers stacked and scan them (module
+  docstring) instead of one module per layer in a loop;
   remat: REMAT_CHOICES, jax.checkpoint of each layer body. All three are static (part of the graphdef)
   and act only without a cache.
   """
@@ -244,7 +237,8 @@ class Decoder(nnx.Module):
     self.dtype = dtype
     self.attention, self.scan_layers, self.remat = attention, bool(scan_layers), remat
     self.embed_tokens = Embed(config.vocab_size, config.hidden_size, **kw)
-    self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
+    layers = [DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)]  # one init for either storage
+    self.layers = layer_stack.stack_modules(layers) if self.scan_layers else nnx.List(layers)
     self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
     self.lm_head = None if config.tie_word_embeddings else Linear(
         config.hidden_size, config.vocab_size, use_bias=False, **kw)
@@ -298,31 +292,52 @@ class Decoder(nnx.Module):
     else:
       if layer_keep_L is not None:
         raise InputError("layer_keep_L applies without a cache only")
-      new_layers = []
-      for i, layer in enumerate(self.layers):
-        x_BxTxD, layer_cache = layer(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache.layers[i], cache_index)
-        new_layers.append(layer_cache)
+      x_BxTxD, cache = self._run_layers_cached(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS,
+                                               cache.replace(valid_BxS=valid_BxS), cache_index)
     if span is not None:
       x_BxTxD = x_BxTxD[:, span[0]:span[1]]
     x_BxTxD = self.norm(x_BxTxD)
     if cache is None:
       return x_BxTxD
-    return x_BxTxD, cache.replace(layers=new_layers, valid_BxS=valid_BxS)
+    return x_BxTxD, cache
+
+  def _layer_states(self):
+    """("scan", graphdef of a layer, the stacked [L, ...] state) or ("loop", graphdefs, per-layer states)."""
+    if isinstance(self.layers, nnx.List):
+      graphdefs, states = zip(*(nnx.split(layer) for layer in self.layers))
+      return "loop", list(graphdefs), list(states)
+    graphdef, state = nnx.split(self.layers)
+    how, states = layer_stack.layer_states(state)
+    return how, (graphdef if how == "scan" else [graphdef] * len(states)), states
 
   def _run_layers(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L=None):
-    """x <- layer_l(x) for l = 0 .. L-1 (where keep_L[l], when given) without a cache; one scanned body over
-    stacked states when alike.
-
-    The gradient flows through the stack (jnp.stack per leaf) back to each layer's own parameters."""
+    """x <- layer_l(x) for l = 0 .. L-1 (where keep_L[l], when given) without a cache: one scanned body over the
+    stacked state, or a loop over per-layer states."""
     if self.attention != "reference":  # a query with no real key (pure left padding) attends to itself
       T = mask_BxTxS.shape[1]
       lonely_BxT = ~jnp.any(mask_BxTxS, axis=-1)
       mask_BxTxS = mask_BxTxS | (lonely_BxT[:, :, None] & jnp.eye(T, dtype=bool)[None])
-    graphdefs, states = zip(*(nnx.split(layer) for layer in self.layers))
+    how, graphdef, states = self._layer_states()
     consts = (cos_BxTxH, sin_BxTxH, mask_BxTxS)
-    if self.scan_layers and _alike(graphdefs, states):
-      return _scanned_layers(graphdefs[0], self.attention, self.remat)(x_BxTxD, states, *consts, keep_L)
-    for index, (graphdef, layer_state) in enumerate(zip(graphdefs, states)):
-      y_BxTxD = _layer_step(graphdef, self.attention, self.remat, False, x_BxTxD, layer_state, *consts)
+    if how == "scan":
+      return _scanned_layers(graphdef, self.attention, self.remat)(x_BxTxD, states, *consts, keep_L)
+    for index, (layer_graphdef, layer_state) in enumerate(zip(graphdef, states)):
+      y_BxTxD = _layer_step(layer_graphdef, self.attention, self.remat, False, x_BxTxD, layer_state, *consts)
       x_BxTxD = y_BxTxD if keep_L is None else jnp.where(keep_L[index], y_BxTxD, x_BxTxD)
     return x_BxTxD
+
+  def _run_layers_cached(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, cache_index):
+    """(x, cache) through every layer with a KV cache: scanned over the stacked state with the cache in the
+    carry (each layer writes its slice in place), or a loop over per-layer states."""
+    how, graphdef, states = self._layer_states()
+
+    def step(x_BxTxD, cache, layer_graphdef, layer_state, layer):
+      return nnx.merge(layer_graphdef, layer_state)(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, layer,
+                                                    cache_index)
+    if how == "scan":
+      body = lambda carry, xs: (step(*carry, graphdef, *xs), None)
+      layers_L = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
+      return jax.lax.scan(body, (x_BxTxD, cache), (states, layers_L))[0]
+    for layer, (layer_graphdef, layer_state) in enumerate(zip(graphdef, states)):
+      x_BxTxD, cache = step(x_BxTxD, cache, layer_graphdef, layer_state, layer)
+    return x_BxTxD, cache

@@ -4,9 +4,14 @@ Module paths mirror HF names, so the mapping is mechanical: `layers.3.self_attn.
 `model.layers.3.self_attn.q_proj.weight` (transposed: HF stores Linear weights as [out, in]),
 `embed_tokens.embedding` <-> `model.embed_tokens.weight`, `lm_head.kernel` <-> `lm_head.weight`.
 
+Stacked layer storage (`scan_layers`, opd_jax.models.layer_stack) maps layer l of `layers.self_attn.q_proj.kernel`
+[L, ...] to `model.layers.l.self_attn.q_proj.weight`.
+
 Loading builds the model abstractly (`nnx.eval_shape`, no memory), then reads one tensor at a time,
 checks its shape, converts it and places it on device (optionally with a per-parameter sharding), so the
-host never holds the whole model twice. Every problem raises `CheckpointError` before a model is returned.
+host never holds the whole model twice; a stacked parameter is read layer by layer into each device's own
+block (`jax.make_array_from_callback`), never whole on the host. Every problem raises `CheckpointError` before
+a model is returned.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from opd_jax.models.config import CheckpointError, ModelConfig, read_hf_config, read_json_object
+from opd_jax.models import layer_stack
 from opd_jax.models.decoder import Decoder
 
 SUPPORTED_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _INDEX_FILE = "model.safetensors.index.json"
 _IGNORABLE = re.compile(r".*rotary_emb\.inv_freq$")  # buffers some older checkpoints carry
 _VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")  # [vocab, hidden] tensors vocab_size slices
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # safetensors dtype names a parameter may be stored in
 
 
 def canonical_dtype(dtype) -> str:
@@ -130,38 +137,67 @@ def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
   leaves = {}
   with contextlib.ExitStack() as stack:
     handles = {}
-    for param_path, variable in nnx.to_flat_state(abstract_state):
-      name, transpose = hf_name(param_path)
-      expected = tuple(variable.get_value().shape)
+
+    def open_tensor(name: str, expected: tuple, transpose: bool, rows: int | None = None):
+      """(file, safetensors slice) of `name`, checked for presence, shape and dtype before any data is read."""
       file = files.get(name)
       if file is None:
         raise CheckpointError(f"checkpoint dir {path!r}: tensor {name!r} is missing "
                               f"(config.json describes a {config.model_type} model that needs it)")
       want = expected[::-1] if transpose else expected  # the stored layout
-      rows = vocab_size if vocab_size is not None and name in _VOCAB_ROWS else None
+      if rows is not None:
+        want = (stored_vocab, *want[1:])
       with _readable(os.path.join(path, file)):
         if file not in handles:
           handles[file] = stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
-        if rows is None:
-          array = handles[file].get_tensor(name)
-          stored = tuple(array.shape)
-        else:  # read only the first `rows` rows: the padded rest never touches host memory
-          tensor = handles[file].get_slice(name)
-          stored = tuple(tensor.get_shape())
-          want = (stored_vocab, *want[1:])
-          array = tensor[:rows] if stored == want else None
+        tensor = handles[file].get_slice(name)
+        stored, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
       if stored != want:
         raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has shape {stored}, "
                               f"expected {want} from config.json")
-      if array.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64):
-        raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has dtype {array.dtype}; "
+      if dtype not in _FLOAT_DTYPES:
+        raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has dtype {dtype}; "
                               "expected a floating-point tensor")
-      array = np.ascontiguousarray(array.T if transpose else array).astype(jnp.dtype(param_dtype), copy=False)
-      target = sharding_for(".".join(map(str, param_path)), expected) if sharding_for is not None else None
-      value = jax.device_put(array, target)  # straight to its shards: never whole on one device first
-      del array
-      leaves[param_path] = value
       used.add(name)
+      return file, tensor
+
+    def read(name: str, file: str, tensor, transpose: bool, index: tuple | None = None) -> np.ndarray:
+      """The tensor (or the block `index` of it, in our layout) as a contiguous array in the parameter dtype."""
+      with _readable(os.path.join(path, file)):
+        if index is None:
+          array = handles[file].get_tensor(name)
+        else:
+          array = tensor[index[::-1] if transpose else index]
+      return np.ascontiguousarray(array.T if transpose else array).astype(jnp.dtype(param_dtype), copy=False)
+
+    for param_path, variable in nnx.to_flat_state(abstract_state):
+      expected = tuple(variable.get_value().shape)
+      target = sharding_for(".".join(map(str, param_path)), expected) if sharding_for is not None else None
+      if layer_stack.stacked_path(param_path):  # [L, ...]: layer l is HF's model.layers.l.*
+        per_layer = [(*hf_name(layer_stack.layer_path(param_path, l)),) for l in range(expected[0])]
+        opened = [open_tensor(name, expected[1:], transpose) for name, transpose in per_layer]
+
+        def block(index, per_layer=per_layer, opened=opened):
+          """The [layers, ...] block `index` of the stacked tensor, read layer by layer (only that block)."""
+          layers = range(expected[0])[index[0]] if index else range(expected[0])
+          inner = tuple(index[1:]) if index else tuple(slice(None) for _ in expected[1:])
+          return np.stack([read(per_layer[l][0], *opened[l], per_layer[l][1], inner) for l in layers])
+
+        # each device reads its own shard's block: the host never holds the whole stacked tensor
+        value = (jax.device_put(block(None)) if target is None
+                 else jax.make_array_from_callback(expected, target, block))
+      else:
+        name, transpose = hf_name(param_path)
+        rows = vocab_size if vocab_size is not None and name in _VOCAB_ROWS else None
+        file, tensor = open_tensor(name, expected, transpose, rows)
+        if rows is None:
+          array = read(name, file, tensor, transpose)
+        else:  # read only the first `rows` (stored) rows: the padded rest never touches host memory
+          index = (slice(None), slice(0, rows)) if transpose else (slice(0, rows), slice(None))
+          array = read(name, file, tensor, transpose, index)
+        value = jax.device_put(array, target)  # straight to its shards: never whole on one device first
+        del array
+      leaves[param_path] = value
   ignorable = lambda n: _IGNORABLE.match(n) or (n == "lm_head.weight" and config.tie_word_embeddings)
   unexpected = sorted(n for n in files if n not in used and not ignorable(n))
   if unexpected:
@@ -188,8 +224,7 @@ def save_pretrained(model: Decoder, path: str, *, dtype=None, max_shard_bytes: i
   np_dtype = np.float32 if dtype_name == "float32" else ml_dtypes.bfloat16
   config: ModelConfig = model.config
   tensors = {}
-  for param_path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    value = variable.get_value()
+  for param_path, value in layer_stack.per_layer_flat(nnx.state(model, nnx.Param)):  # stacked layers: one by one
     if not isinstance(value, jax.Array):
       raise ValueError(f"parameter {'.'.join(map(str, param_path))} is quantized; save_pretrained "
                        "takes the unquantized (learner) model")

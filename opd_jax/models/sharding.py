@@ -3,7 +3,8 @@
 A rule is (regex, spec): the first rule whose regex matches (`re.search`) the dotted parameter path
 (`layers.3.mlp.up_proj.kernel`) gives the PartitionSpec as a tuple with one mesh axis name (or None) per
 tensor dimension. A dimension that the named mesh axis does not divide evenly is replicated instead, so tiny
-models run on any mesh. Quantized weights (AQT QTensor: values + per-channel scales) follow their kernel's
+models run on any mesh. Stacked layer parameters ([L, ...], opd_jax.models.layer_stack) match the rules by their
+per-layer path and keep the layer axis whole. Quantized weights (AQT QTensor: values + per-channel scales) follow their kernel's
 spec on the values and on the scale's non-singleton dimension. Unmatched parameters are replicated.
 
 The default rules put the model width over fsdp and heads / MLP width / vocab over tensor: Megatron-style
@@ -22,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from opd_jax.errors import InputError
+from opd_jax.models import layer_stack
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -88,6 +90,11 @@ def array_bytes(shape, dtype) -> int:
 
 
 def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules=DEFAULT_RULES) -> PartitionSpec:
+  """The first matching rule's spec fitted to `shape`; a stacked layer parameter (`layers.mlp.up_proj.kernel`,
+  [L, ...]) takes its rule on the per-layer dimensions and keeps the layer axis whole."""
+  if layer_stack.stacked_path(path.split(".")):
+    return PartitionSpec(None, *spec_for(layer_stack.dotted(layer_stack.layer_path(path.split("."), 0)),
+                                         tuple(shape[1:]), mesh, rules))
   for regex, spec in rules:
     if re.search(regex, path):
       return fit_spec(spec, shape, mesh)
@@ -98,17 +105,19 @@ def state_shardings(state, mesh: Mesh, rules=DEFAULT_RULES):
   """A pytree of NamedShardings matching `state` (an nnx.State, or any pytree of such states)."""
 
   def leaf_sharding(key_path, leaf):
-    parts = [k.key if hasattr(k, "key") else k.name if hasattr(k, "name") else k.idx for k in key_path]
-    parts = [str(p) for p in parts if p not in ("value", "raw_value")]
-    path = ".".join(parts)
+    # Per-layer path parts; a stacked leaf ([L, ...]) takes its layer's spec behind a whole layer axis.
+    parts, stacked = layer_stack.key_parts(key_path)
+    shape = tuple(getattr(leaf, "shape", ()))
+    layer_shape = shape[1:] if stacked else shape
     # Inside a QTensor: values follow the kernel; scales [1, out] / [V, 1] follow the non-singleton dim.
     if "qvalue" in parts or "scale" in parts:
       base = ".".join(parts[:parts.index("qvalue" if "qvalue" in parts else "scale")])
-      spec = spec_for(base, leaf.shape, mesh, rules)
+      spec = spec_for(base, layer_shape, mesh, rules)
       if "scale" in parts:
-        spec = PartitionSpec(*[a if leaf.shape[i] > 1 else None for i, a in enumerate(spec)])
-      return NamedSharding(mesh, spec)
-    return NamedSharding(mesh, spec_for(path, getattr(leaf, "shape", ()), mesh, rules))
+        spec = PartitionSpec(*[a if layer_shape[i] > 1 else None for i, a in enumerate(spec)])
+    else:
+      spec = spec_for(".".join(parts), layer_shape, mesh, rules)
+    return NamedSharding(mesh, PartitionSpec(None, *spec) if stacked else spec)
 
   return jax.tree_util.tree_map_with_path(leaf_sharding, state)
 

@@ -32,7 +32,7 @@ from flax import nnx
 from opd_jax.data.batching import encode_prompts
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
-from opd_jax.models import Decoder, load_pretrained, load_tokenizer, read_hf_config, save_pretrained
+from opd_jax.models import Decoder, layer_stack, load_pretrained, load_tokenizer, read_hf_config, save_pretrained
 from opd_jax.models.tokenizer import TOKENIZER_FILES
 from opd_jax.objectives.chunked import exact_reverse_kl
 from opd_jax.objectives.logprobs import response_hidden
@@ -133,10 +133,16 @@ def pruned_model(model: Decoder, kept: list[int]) -> Decoder:
                                             scan_layers=model.scan_layers))
   new_graphdef, new_state = nnx.split(abstract)
   source = dict(nnx.to_flat_state(state))
+  kept_L = jnp.asarray(kept, jnp.int32)
   leaves = []
   for path, variable in nnx.to_flat_state(new_state):
-    from_path = ("layers", kept[int(path[1])], *path[2:]) if path[0] == "layers" else path
-    leaves.append((path, variable.replace(source[from_path].get_value())))
+    if layer_stack.stacked_path(path):  # [L, ...] -> the kept layers' rows, in order
+      value = jnp.take(source[path].get_value(), kept_L, axis=0)
+    elif path[0] == "layers":
+      value = source[("layers", kept[int(path[1])], *path[2:])].get_value()
+    else:
+      value = source[path].get_value()
+    leaves.append((path, variable.replace(value)))
   return nnx.merge(new_graphdef, nnx.from_flat_state(leaves))
 
 

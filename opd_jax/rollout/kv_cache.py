@@ -1,8 +1,9 @@
 """Preallocated KV cache, optionally quantized.
 
-Legend: B batch, S cache slots, K kv heads, H head dim, T tokens written at once.
+Legend: L layers, B batch, S cache slots, K kv heads, H head dim, T tokens written at once.
 
-Layout: keys are stored [B, K, H, S] and values [B, K, S, H]: per (batch, kv head) these are the right-hand
+Layout: one buffer for every layer's keys, [L, B, K, H, S], and one for values, [L, B, K, S, H]; per layer, keys
+[B, K, H, S] and values [B, K, S, H]: per (batch, kv head) these are the right-hand
 operands of the two attention matmuls (q @ keys, probs @ values) in the [contracted, free] form matmul
 kernels read in place. The token-major [B, S, K, H] layout made XLA transpose the whole cache of every layer
 on every decode step, and on CPU decode attention was then 3x slower (`python launch/bench/sampler.py`).
@@ -99,50 +100,15 @@ def quantize_dequantize(x_BxTxKxH: jax.Array, kv_dtype: str) -> jax.Array:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class LayerKV:
-  k_BxKxHxS: jax.Array
-  v_BxKxSxH: jax.Array
-  k_scale_BxKx1xS: jax.Array | None
-  v_scale_BxKxSx1: jax.Array | None
-  kv_dtype: str = dataclasses.field(metadata=dict(static=True))
-
-  def write(self, k_BxTxKxH, v_BxTxKxH, index) -> "LayerKV":
-    k, k_scale = _quantize(k_BxTxKxH, self.kv_dtype)
-    v, v_scale = _quantize(v_BxTxKxH, self.kv_dtype)
-    # [B, T, K, h] -> keys [B, K, h, T] / values [B, K, T, h], written at slots index .. index + T - 1
-    put_k = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.transpose(0, 2, 3, 1).astype(buf.dtype),
-                                                        (0, 0, 0, index))
-    put_v = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.transpose(0, 2, 1, 3).astype(buf.dtype),
-                                                        (0, 0, index, 0))
-    return dataclasses.replace(
-        self, k_BxKxHxS=put_k(self.k_BxKxHxS, k), v_BxKxSxH=put_v(self.v_BxKxSxH, v),
-        k_scale_BxKx1xS=None if k_scale is None else put_k(self.k_scale_BxKx1xS, k_scale),
-        v_scale_BxKxSx1=None if v_scale is None else put_v(self.v_scale_BxKxSx1, v_scale))
-
-  def grow(self, slots: int) -> "LayerKV":
-    """The same cache with empty slots (values 0, scales 1, as `KVCache.init` makes them) appended up to
-    `slots`; a copy."""
-    def pad(x, axis, fill):
-      if x is None:
-        return None
-      widths = [(0, slots - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)]
-      return jnp.pad(x, widths, constant_values=fill)
-
-    return dataclasses.replace(self, k_BxKxHxS=pad(self.k_BxKxHxS, 3, 0), v_BxKxSxH=pad(self.v_BxKxSxH, 2, 0),
-                               k_scale_BxKx1xS=pad(self.k_scale_BxKx1xS, 3, 1),
-                               v_scale_BxKxSx1=pad(self.v_scale_BxKxSx1, 2, 1))
-
-  def read(self, dtype):
-    """(k_BxKxHxS, v_BxKxSxH) dequantized to `dtype`."""
-    return (_dequantize(self.k_BxKxHxS, self.k_scale_BxKx1xS, self.kv_dtype, dtype, head_axis=2),
-            _dequantize(self.v_BxKxSxH, self.v_scale_BxKxSx1, self.kv_dtype, dtype, head_axis=3))
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
 class KVCache:
-  layers: list[LayerKV]
+  """Every layer's keys and values in one stacked buffer each (layer l is index l of the leading axis), so a scan
+  over the layers carries the cache and each layer writes its new tokens in place."""
+  k_LxBxKxHxS: jax.Array
+  v_LxBxKxSxH: jax.Array
+  k_scale_LxBxKx1xS: jax.Array | None
+  v_scale_LxBxKxSx1: jax.Array | None
   valid_BxS: jax.Array  # slot holds a real (non-padding) token
+  kv_dtype: str = dataclasses.field(metadata=dict(static=True))
 
   def replace(self, **changes) -> "KVCache":
     return dataclasses.replace(self, **changes)
@@ -151,39 +117,67 @@ class KVCache:
   def slots(self) -> int:
     return self.valid_BxS.shape[1]
 
+  @property
+  def num_layers(self) -> int:
+    return self.k_LxBxKxHxS.shape[0]
+
+  def write(self, layer, k_BxTxKxH, v_BxTxKxH, index) -> "KVCache":
+    """Layer `layer` (int or traced) with T new keys / values at slots index .. index + T - 1."""
+    k, k_scale = _quantize(k_BxTxKxH, self.kv_dtype)
+    v, v_scale = _quantize(v_BxTxKxH, self.kv_dtype)
+    # [B, T, K, h] -> keys [1, B, K, h, T] / values [1, B, K, T, h] at (layer, 0, 0, ., .)
+    put_k = lambda buf, x: jax.lax.dynamic_update_slice(
+        buf, x.transpose(0, 2, 3, 1)[None].astype(buf.dtype), (layer, 0, 0, 0, index))
+    put_v = lambda buf, x: jax.lax.dynamic_update_slice(
+        buf, x.transpose(0, 2, 1, 3)[None].astype(buf.dtype), (layer, 0, 0, index, 0))
+    return self.replace(
+        k_LxBxKxHxS=put_k(self.k_LxBxKxHxS, k), v_LxBxKxSxH=put_v(self.v_LxBxKxSxH, v),
+        k_scale_LxBxKx1xS=None if k_scale is None else put_k(self.k_scale_LxBxKx1xS, k_scale),
+        v_scale_LxBxKxSx1=None if v_scale is None else put_v(self.v_scale_LxBxKxSx1, v_scale))
+
+  def read(self, layer, dtype):
+    """Layer `layer`'s (k_BxKxHxS, v_BxKxSxH), dequantized to `dtype`."""
+    at = lambda x: None if x is None else x[layer]
+    return (_dequantize(at(self.k_LxBxKxHxS), at(self.k_scale_LxBxKx1xS), self.kv_dtype, dtype, head_axis=2),
+            _dequantize(at(self.v_LxBxKxSxH), at(self.v_scale_LxBxKxSx1), self.kv_dtype, dtype, head_axis=3))
+
   def grow(self, slots: int) -> "KVCache":
-    """The same cache with `slots` slots, the new ones empty (a copy; attention reads every slot, so a
-    decoder grows its cache as it fills instead of reading a full-length one from the first step)."""
+    """The same cache with `slots` slots, the new ones empty (values 0, scales 1, as `init` makes them); a copy
+    (attention reads every slot, so a decoder grows its cache as it fills instead of reading a full-length one
+    from the first step)."""
     if slots < self.slots:
       raise InputError(f"cannot shrink a KV cache from {self.slots} to {slots} slots")
-    valid_BxS = jnp.pad(self.valid_BxS, [(0, 0), (0, slots - self.slots)])
-    return self.replace(layers=[layer.grow(slots) for layer in self.layers], valid_BxS=valid_BxS)
+
+    def pad(x, axis, fill):
+      if x is None:
+        return None
+      widths = [(0, slots - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)]
+      return jnp.pad(x, widths, constant_values=fill)
+
+    return self.replace(k_LxBxKxHxS=pad(self.k_LxBxKxHxS, 4, 0), v_LxBxKxSxH=pad(self.v_LxBxKxSxH, 3, 0),
+                        k_scale_LxBxKx1xS=pad(self.k_scale_LxBxKx1xS, 4, 1),
+                        v_scale_LxBxKxSx1=pad(self.v_scale_LxBxKxSx1, 3, 1), valid_BxS=pad(self.valid_BxS, 1, False))
 
   def repeat_rows(self, n: int) -> "KVCache":
     """Each row repeated n times in place (row g -> rows g*n .. g*n + n - 1): a prompt's cache for its group."""
-    rep = lambda x: None if x is None else jnp.repeat(x, n, axis=0)
-    layers = [dataclasses.replace(layer, k_BxKxHxS=rep(layer.k_BxKxHxS), v_BxKxSxH=rep(layer.v_BxKxSxH),
-                                  k_scale_BxKx1xS=rep(layer.k_scale_BxKx1xS),
-                                  v_scale_BxKxSx1=rep(layer.v_scale_BxKxSx1)) for layer in self.layers]
-    return self.replace(layers=layers, valid_BxS=rep(self.valid_BxS))
+    rep = lambda x, axis=1: None if x is None else jnp.repeat(x, n, axis=axis)
+    return self.replace(k_LxBxKxHxS=rep(self.k_LxBxKxHxS), v_LxBxKxSxH=rep(self.v_LxBxKxSxH),
+                        k_scale_LxBxKx1xS=rep(self.k_scale_LxBxKx1xS), v_scale_LxBxKxSx1=rep(self.v_scale_LxBxKxSx1),
+                        valid_BxS=rep(self.valid_BxS, 0))
 
   @classmethod
   def init(cls, *, batch: int, slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
            compute_dtype, kv_dtype: str = "native") -> "KVCache":
     kv_dtype = check_kv_dtype(kv_dtype)
     storage = _STORAGE.get(kv_dtype, compute_dtype)
-    B, S, K, H = batch, slots, num_kv_heads, head_dim
+    L, B, S, K, H = num_layers, batch, slots, num_kv_heads, head_dim
     if kv_dtype == "int4":
       if H % 2:
         raise InputError(f"kv cache int4 packs two head dims per byte and needs an even head_dim, got {H}")
       H //= 2
     scale = lambda shape: jnp.ones(shape, jnp.float32) if kv_dtype in _QMAX else None  # per (token, head)
-
-    def layer():
-      return LayerKV(jnp.zeros((B, K, H, S), storage), jnp.zeros((B, K, S, H), storage),
-                     scale((B, K, 1, S)), scale((B, K, S, 1)), kv_dtype)
-
-    return cls(layers=[layer() for _ in range(num_layers)], valid_BxS=jnp.zeros((batch, slots), bool))
+    return cls(jnp.zeros((L, B, K, H, S), storage), jnp.zeros((L, B, K, S, H), storage), scale((L, B, K, 1, S)),
+               scale((L, B, K, S, 1)), jnp.zeros((B, S), bool), kv_dtype)
 
 
 def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str,

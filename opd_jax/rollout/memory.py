@@ -14,6 +14,7 @@ import functools
 
 from flax import nnx
 
+from opd_jax.models import layer_stack
 from opd_jax.models.config import ModelConfig
 from opd_jax.models.decoder import Decoder
 from opd_jax.rollout import precision
@@ -29,8 +30,8 @@ def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 @functools.lru_cache(maxsize=32)
 def _parameter_shapes(config: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
   abstract = nnx.eval_shape(lambda: Decoder(config))
-  return tuple((".".join(map(str, path)), tuple(v.get_value().shape))
-               for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param)))
+  return tuple((layer_stack.dotted(path), tuple(value.shape))  # per-layer paths, which recipe rules match
+               for path, value in layer_stack.per_layer_flat(nnx.state(abstract, nnx.Param)))
 
 
 def weight_bytes(config: ModelConfig, rules: precision.Rules, native_bytes: int = 2) -> int:

@@ -12,7 +12,7 @@ over `tensor` (Megatron column-parallel q/k/v/gate/up, row-parallel o/down, voca
 LM head), and the KV cache over batch rows (`data`) and KV heads (`tensor`). Nothing is sharded over fsdp, so
 a decode step never all-gathers weights: each step's collectives are the tensor-parallel reductions only.
 
-Legend: B batch, K kv heads, H head dim, S cache slots.
+Legend: L layers, B batch, K kv heads, H head dim, S cache slots.
 """
 
 from __future__ import annotations
@@ -77,9 +77,7 @@ def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
       return None
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, shard_lib.fit_spec(spec, x.shape, mesh)))
 
-  layers = []
-  for layer in cache.layers:  # keys [B, K, H, S], values [B, K, S, H], scales [B, K, 1, S] / [B, K, S, 1]
-    spec = (rows, "tensor", None, None)
-    layers.append(type(layer)(pin(layer.k_BxKxHxS, spec), pin(layer.v_BxKxSxH, spec),
-                              pin(layer.k_scale_BxKx1xS, spec), pin(layer.v_scale_BxKxSx1, spec), layer.kv_dtype))
-  return cache.replace(layers=layers, valid_BxS=pin(cache.valid_BxS, (rows, None)))
+  spec = (None, rows, "tensor", None, None)  # keys [L, B, K, H, S], values [L, B, K, S, H], their scales alike
+  return cache.replace(k_LxBxKxHxS=pin(cache.k_LxBxKxHxS, spec), v_LxBxKxSxH=pin(cache.v_LxBxKxSxH, spec),
+                       k_scale_LxBxKx1xS=pin(cache.k_scale_LxBxKx1xS, spec),
+                       v_scale_LxBxKxSx1=pin(cache.v_scale_LxBxKxSx1, spec), valid_BxS=pin(cache.valid_BxS, (rows, None)))

@@ -3,6 +3,8 @@
 A parameter's path is its dotted name in the model state, e.g. `layers.3.self_attn.q_proj.kernel`,
 `layers.0.mlp.down_proj.bias`, `embed_tokens.embedding`, `lm_head.kernel`, `norm.weight`. Rules are tried
 in order and the first whose regex matches (`re.search`) decides; unmatched parameters keep the learner's
+precision. Paths are per-layer names whatever the layer storage: a stacked [L, ...] parameter
+(opd_jax.models.layer_stack) is matched layer by layer, and stays one stacked tensor when all its layers get one
 precision. Precisions:
 
   none       learner precision, untouched
@@ -44,6 +46,7 @@ from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 
 from opd_jax.errors import InputError
+from opd_jax.models import layer_stack
 from opd_jax.models.sharding import array_bytes
 
 PRECISIONS = ("none", "bf16", "int8", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_tensor")
@@ -92,7 +95,8 @@ def recipe_rules(weights: str | None = "none", rules=(), embedding: bool = False
 
 
 def param_paths(state: nnx.State) -> list[str]:
-  return [".".join(map(str, path)) for path, _ in nnx.to_flat_state(state)]
+  """Per-layer dotted paths (`layers.3.self_attn.q_proj.kernel`), whatever the layer storage."""
+  return layer_stack.paths(state)
 
 
 def validate_rules(rules: Rules, state: nnx.State) -> None:
@@ -112,9 +116,11 @@ def precision_for(path: str, rules: Rules) -> str:
   return "none"
 
 
-def quantize_tensor(value: jax.Array, precision: str, path: str):
-  """One tensor under one precision: an array (none / bf16, or a vector) or an AQT QTensor."""
-  if precision == "none" or (precision in _AQT_BITS and value.ndim != 2):
+def quantize_tensor(value: jax.Array, precision: str, path: str, stacked: bool = False):
+  """One tensor under one precision: an array (none / bf16, or a vector) or an AQT QTensor. stacked: `value` is
+  [L, ...], one layer per leading index, quantized per layer exactly as each layer alone would be."""
+  lead = 1 if stacked else 0
+  if precision == "none" or (precision in _AQT_BITS and value.ndim - lead != 2):
     return value
   if precision == "bf16":
     return value.astype(jnp.bfloat16)
@@ -123,30 +129,47 @@ def quantize_tensor(value: jax.Array, precision: str, path: str):
   if precision in PER_TENSOR:
     calibration_axes = [0, 1]
   quantizer = aqt_quantizer.quantizer_make(_AQT_BITS[precision])
-  qtensor, _ = quantizer.quant(value.astype(jnp.float32), calibration_axes=calibration_axes)
+  qtensor, _ = quantizer.quant(value.astype(jnp.float32), calibration_axes=[a + lead for a in calibration_axes])
   qtensor = qtensor.qvalue_astype(_STORAGE[precision])
   return qtensor.replace(dequant_dtype=value.dtype)
 
 
 def apply_recipe(state: nnx.State, rules: Rules) -> nnx.State:
-  """A copy of a model state with each parameter stored at the precision its rule names. Jittable."""
+  """A copy of a model state with each parameter stored at the precision its rule names. Jittable.
+
+  Rules match per-layer paths. A stacked layer parameter whose layers all get one precision stays stacked (one
+  [L, ...] quantized tensor, scales per layer); if any parameter's layers differ, every stacked parameter is
+  split into PerLayer values (opd_jax.models.layer_stack), since layers of several precisions share no array."""
+  chosen, per_stacked = {}, {}
+  for path, stored, _, layer in layer_stack.entries(state):
+    chosen[(stored, layer)] = precision_for(layer_stack.dotted(path), rules)
+    if layer is not None:
+      per_stacked.setdefault(stored, set()).add(chosen[(stored, layer)])
+  mixed = any(len(precisions) > 1 for precisions in per_stacked.values())
   flat = []
   for path, variable in nnx.to_flat_state(state):
-    name = ".".join(map(str, path))
-    value = variable.get_value()
-    if isinstance(variable, nnx.Param) and isinstance(value, jax.Array):
-      value = quantize_tensor(value, precision_for(name, rules), name)
+    path, value = tuple(path), variable.get_value()
+    if isinstance(variable, nnx.Param) and (isinstance(value, jax.Array) or layer_stack.is_per_layer(value)):
+      if not layer_stack.stacked_path(path):
+        value = quantize_tensor(value, chosen[(path, None)], layer_stack.dotted(path))
+      elif mixed or layer_stack.is_per_layer(value):
+        value = layer_stack.PerLayer(
+            quantize_tensor(layer_stack.take_layer(value, layer), chosen[(path, layer)],
+                            layer_stack.dotted(layer_stack.layer_path(path, layer)))
+            for layer in range(layer_stack.layer_count(value)))
+      else:
+        value = quantize_tensor(value, chosen[(path, 0)], layer_stack.dotted(layer_stack.layer_path(path, 0)), True)
     flat.append((path, variable.replace(value)))
   return nnx.from_flat_state(flat)
 
 
 def dequantized(state: nnx.State) -> nnx.State:
   """Dense copy of a (possibly quantized) state in each tensor's original dtype."""
+  dequant = lambda v: v.dequant() if isinstance(v, QTensor) else v
   flat = []
   for path, variable in nnx.to_flat_state(state):
     value = variable.get_value()
-    if isinstance(value, QTensor):
-      value = value.dequant()
+    value = (layer_stack.PerLayer(map(dequant, value)) if layer_stack.is_per_layer(value) else dequant(value))
     flat.append((path, variable.replace(value)))
   return nnx.from_flat_state(flat)
 

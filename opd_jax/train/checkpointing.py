@@ -42,6 +42,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any, Callable
@@ -202,8 +203,8 @@ class Checkpointer:
     if differences:
       more = f" (and {len(differences) - 1} more differences)" if len(differences) > 1 else ""
       raise CheckpointMismatch(f"checkpoint step {step} in {self.directory!r} does not fit this run's state: "
-                               f"{differences[0]}{more}; it was written for another model or config: use a "
-                               "new --workdir, or the config that wrote it")
+                               f"{differences[0]}{more}; {_layout_hint(differences)}use a new --workdir, or the "
+                               "config that wrote it")
     arrays, _ = _read("", step_dir, self.restore, step, abstract)  # shapes fit: a failure is in the data files
     return arrays, meta
 
@@ -307,6 +308,19 @@ def _differences(stored_tree, abstract) -> list[str]:
       differences.append(f"{name} is {have_sd[1]}{list(have_sd[0])} in the checkpoint but "
                          f"{want_sd[1]}{list(want_sd[0])} in this run")
   return sorted(differences)
+
+
+def _layout_hint(differences: list[str]) -> str:
+  """What a mismatch between stacked ([L, ...]) and per-layer decoder storage means, else that another model or
+  config wrote the checkpoint (opd_jax.models.layer_stack)."""
+  names = [d.split(" is ")[0] for d in differences]
+  per_layer = any(re.search(r"(^|\.)layers\.\d+\.", n) for n in names)
+  stacked = any(re.search(r"(^|\.)layers\.[a-z_]", n) for n in names)
+  if per_layer and stacked:
+    return ("the checkpoint and this run store the decoder layers differently (one by one with "
+            "model.scan_layers=False, stacked [L, ...] with model.scan_layers=True; checkpoints written before "
+            "layers were stored stacked hold them one by one): ")
+  return "it was written for another model or config: "
 
 
 def _short_reason(error: BaseException, step_dir: str) -> str:

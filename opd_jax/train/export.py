@@ -15,6 +15,7 @@ complete; on any failure the temporary directory is removed and an existing `out
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from opd_jax.errors import InputError
+from opd_jax.models import layer_stack
 from opd_jax.models import sharding as shard_lib
 from opd_jax.models.config import read_hf_config
 from opd_jax.models.decoder import Decoder
@@ -83,22 +85,37 @@ def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_d
   return out_dir
 
 
-def _hf_tensors(graphdef, params, config) -> dict[str, tuple[jax.Array, bool]]:
-  """HF name -> (parameter array, stored transposed), sorted by name; shapes checked against `config`."""
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+  """One HF tensor of the export: a parameter array, or layer `layer` of a stacked one (sliced when gathered)."""
+  value: jax.Array
+  layer: int | None
+  transpose: bool  # HF stores it transposed
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    shape = tuple(self.value.shape[1:] if self.layer is not None else self.value.shape)
+    return shape[::-1] if self.transpose else shape
+
+
+def _hf_tensors(graphdef, params, config) -> dict[str, _Tensor]:
+  """HF name -> tensor, sorted by name; shapes checked against `config` in the per-layer view (any storage)."""
   state = nnx.state(nnx.merge(graphdef, params), nnx.Param)
-  expected = dict(nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: Decoder(config)), nnx.Param)))
+  expected = {path: value for path, value in layer_stack.per_layer_flat(
+      nnx.state(nnx.eval_shape(lambda: Decoder(config, scan_layers=False)), nnx.Param))}
   tensors = {}
-  for path, variable in nnx.to_flat_state(state):
-    value, dotted = variable.get_value(), ".".join(map(str, path))
+  for path, _, value, layer in layer_stack.entries(state):
+    dotted = layer_stack.dotted(path)
     if not isinstance(value, jax.Array):
       raise InputError(f"parameter {dotted} is not a plain array (quantized?); export the learner's params")
+    shape = tuple(value.shape[1:] if layer is not None else value.shape)
     want = expected.pop(path, None)
-    if want is None or tuple(want.get_value().shape) != tuple(value.shape):
-      raise InputError(f"parameter {dotted} with shape {tuple(value.shape)} does not fit the student's config.json "
-                       f"({'no such parameter' if want is None else tuple(want.get_value().shape)}); pass the "
+    if want is None or tuple(want.shape) != shape:
+      raise InputError(f"parameter {dotted} with shape {shape} does not fit the student's config.json "
+                       f"({'no such parameter' if want is None else tuple(want.shape)}); pass the "
                        "student dir these params were trained from")
     name, transpose = hf_name(path)
-    tensors[name] = (value, transpose)
+    tensors[name] = _Tensor(value, layer, transpose)
   if expected:
     raise InputError(f"the params lack {', '.join('.'.join(map(str, p)) for p in list(expected)[:3])} that the "
                      "student's config.json describes; pass the student dir these params were trained from")
@@ -108,8 +125,8 @@ def _hf_tensors(graphdef, params, config) -> dict[str, tuple[jax.Array, bool]]:
 def _plan_shards(tensors: dict, itemsize: int, max_shard_bytes: int) -> dict[str, list[str]]:
   """File name -> tensor names, in order; a new file starts when the next tensor would pass max_shard_bytes."""
   groups, size = [[]], 0
-  for name, (value, _) in tensors.items():
-    nbytes = math.prod(value.shape) * itemsize
+  for name, tensor in tensors.items():
+    nbytes = math.prod(tensor.shape) * itemsize
     if groups[-1] and size + nbytes > max_shard_bytes:
       groups.append([])
       size = 0
@@ -120,25 +137,26 @@ def _plan_shards(tensors: dict, itemsize: int, max_shard_bytes: int) -> dict[str
   return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": g for i, g in enumerate(groups)}
 
 
-def _gather(value: jax.Array, transpose: bool, dtype_name: str) -> np.ndarray:
-  """One whole tensor on the host (every process), cast and transposed on device first."""
+def _gather(tensor: _Tensor, dtype_name: str) -> np.ndarray:
+  """One whole tensor on the host (every process), sliced, cast and transposed on device first."""
+  value = tensor.value if tensor.layer is None else tensor.value[tensor.layer]
   if value.dtype != SUPPORTED_DTYPES[dtype_name]:
     value = value.astype(SUPPORTED_DTYPES[dtype_name])
-  if transpose:
+  if tensor.transpose:
     value = value.T
   if value.is_fully_addressable:
     return np.ascontiguousarray(jax.device_get(value))
   return np.ascontiguousarray(multihost_utils.process_allgather(value, tiled=True))
 
 
-def _write_safetensors(path: str | None, tensors: list[tuple[str, tuple[jax.Array, bool]]], dtype_name: str):
+def _write_safetensors(path: str | None, tensors: list[tuple[str, _Tensor]], dtype_name: str):
   """Streams one safetensors file: the header from the shapes, then each tensor as it is gathered.
 
   path None: this process only takes part in the gathers (another process writes)."""
   itemsize = np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize
   header, offset = {"__metadata__": {"format": "pt"}}, 0
-  for name, (value, transpose) in tensors:
-    shape = list(value.shape[::-1] if transpose else value.shape)
+  for name, tensor in tensors:
+    shape = list(tensor.shape)
     nbytes = math.prod(shape) * itemsize
     header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype_name], "shape": shape, "data_offsets": [offset, offset + nbytes]}
     offset += nbytes
@@ -147,8 +165,8 @@ def _write_safetensors(path: str | None, tensors: list[tuple[str, tuple[jax.Arra
   with open(path, "wb") if path else contextlib.nullcontext() as f:
     if f is not None:
       f.write(struct.pack("<Q", len(raw)) + raw)
-    for name, (value, transpose) in tensors:
-      host = _gather(value, transpose, dtype_name)
+    for name, tensor in tensors:
+      host = _gather(tensor, dtype_name)
       if list(host.shape) != header[name]["shape"]:
         raise AssertionError(f"gathered {name} has shape {host.shape}, expected {header[name]['shape']}")
       if f is not None:
@@ -161,7 +179,7 @@ def _write_metadata(tmp: str, shards: dict, tensors: dict, dtype_name: str, conf
   """config.json, generation_config.json, the shard index (when sharded) and the tokenizer files."""
   if len(shards) > 1:
     itemsize = np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize
-    total = sum(math.prod(value.shape) * itemsize for value, _ in tensors.values())
+    total = sum(math.prod(tensor.shape) * itemsize for tensor in tensors.values())
     weight_map = {name: file for file, names in shards.items() for name in names}
     _write_json(os.path.join(tmp, _INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
   with open(os.path.join(student_dir, "config.json")) as f:
