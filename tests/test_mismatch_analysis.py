@@ -35,6 +35,24 @@ def test_scan_covers_every_group_and_ranks(fp8_scan):
 
 
 @pytest.mark.slow
+def test_sensitivity_scan_is_the_same_for_either_layer_storage(tiny_pair, fp8_scan):
+  """The per-layer groups quantize one layer of the stacked [L, ...] kernels (PerLayer values, a loop over layers)
+  where per-layer storage quantizes one layer's own kernels: every group's k3 and vocabulary KL agree to 1e-6."""
+  config = common.base_config("tiny")
+  config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
+  config.rollout.max_new_tokens = 12
+  config.model.scan_layers = False
+  per_layer = {r["name"]: r for r in scan(Calibration.from_config(config, num_prompts=16), "fp8",
+                                          RolloutConfig(max_new_tokens=12))}
+  assert {r["name"] for r in fp8_scan} == set(per_layer)
+  for row in fp8_scan:
+    metrics = [k for k, v in row.items() if isinstance(v, float)]
+    assert {"k3", "k1"} <= set(metrics) and any(k.startswith("vocab/") for k in metrics)
+    for key in metrics:
+      assert row[key] == pytest.approx(per_layer[row["name"]][key], abs=1e-6), (row["name"], key)
+
+
+@pytest.mark.slow
 def test_fit_recipe_keeps_layers_until_target(cal, fp8_scan):
   rollout = RolloutConfig(max_new_tokens=12)
   rows = fp8_scan
