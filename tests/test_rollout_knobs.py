@@ -151,7 +151,7 @@ def test_int4_kv_cache_packs_two_values_per_byte_and_reads_back_what_was_written
   cache = kv_cache.KVCache.init(batch=2, slots=5, num_layers=2, num_kv_heads=2, head_dim=8,
                                 compute_dtype=jnp.float32, kv_dtype="int4")
   cache = cache.write(1, x, -x, 1)
-  assert cache.k_LxBxKxHxS.shape == (2, 2, 2, 4, 5) and cache.k_LxBxKxHxS.dtype == jnp.uint8
+  assert cache.k_LxBxKxHxC.shape == (2, 2, 2, 4, 5) and cache.k_LxBxKxHxC.dtype == jnp.uint8
   np.testing.assert_array_equal(cache.read(0, jnp.float32)[0], 0.0)  # the other layer is untouched
   k, v = cache.read(1, jnp.float32)
   want = kv_cache.quantize_dequantize(x, "int4")

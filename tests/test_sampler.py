@@ -176,15 +176,25 @@ def test_chunked_decode_equals_one_loop_over_the_full_cache(tiny_checkpoints, kv
 
 
 def test_kv_cache_grows_with_empty_slots_and_refuses_to_shrink():
+  """Attention reads the visible slots only; growing within the capacity widens them without a copy, beyond it
+  pads the buffers."""
   cache = KVCache.init(batch=2, slots=3, num_layers=1, num_kv_heads=2, head_dim=4, compute_dtype=jnp.float32,
-                       kv_dtype="int8")
-  cache = cache.write(0, jnp.ones((2, 3, 2, 4)), jnp.ones((2, 3, 2, 4)), 0).replace(valid_BxS=jnp.ones((2, 3), bool))
+                       kv_dtype="int8", capacity=6)
+  assert (cache.slots, cache.capacity) == (3, 6)
+  cache = cache.write(0, jnp.ones((2, 3, 2, 4)), jnp.ones((2, 3, 2, 4)), 0)
+  cache = cache.replace(valid_BxC=cache.valid_BxC.at[:, :3].set(True))
+  assert cache.read(0, jnp.float32)[0].shape == (2, 2, 4, 3)
   grown = cache.grow(5)
   k, v = grown.read(0, jnp.float32)
-  assert grown.slots == 5 and k.shape == (2, 2, 4, 5) and v.shape == (2, 2, 5, 4)
+  assert grown.slots == 5 and grown.capacity == 6 and k.shape == (2, 2, 4, 5) and v.shape == (2, 2, 5, 4)
+  assert grown.k_LxBxKxHxC is cache.k_LxBxKxHxC  # the same buffer: nothing copied
   np.testing.assert_allclose(k[..., :3], 1.0, rtol=1e-2)
   np.testing.assert_array_equal(k[..., 3:], 0.0)
   np.testing.assert_array_equal(grown.valid_BxS, [[True] * 3 + [False] * 2] * 2)
+  wider = grown.grow(8)  # beyond the capacity: padded with empty slots (values 0, scales 1)
+  assert (wider.slots, wider.capacity) == (8, 8)
+  np.testing.assert_array_equal(wider.read(0, jnp.float32)[1][:, :, 5:], 0.0)
+  np.testing.assert_array_equal(wider.k_scale_LxBxKx1xC[..., 6:], 1.0)
   with pytest.raises(ValueError, match="cannot shrink"):
     grown.grow(4)
 

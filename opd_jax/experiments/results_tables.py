@@ -154,6 +154,28 @@ def plans_table(plans: dict[str, dict]) -> str:
                    + ["| " + " | ".join(row) + " |" for row in body])
 
 
+def plans_before_after_table(before: dict[str, dict], after: dict[str, dict]) -> str:
+  """Per config and program: compile seconds and per-device GiB of the plan before stacked layer storage
+  (results/plans/before_stacked_layers/, the planner of the release before it) and now (results/plans/), with
+  the planner's peak host RSS; both planned on one host, compilation cache off."""
+  body = []
+  for name in sorted(set(before) & set(after)):
+    b, a = before[name], after[name]
+    for program in a["program_details"]:
+      if program not in b["program_details"]:
+        continue
+      bs, as_ = b["program_details"][program]["compile_seconds"], a["program_details"][program]["compile_seconds"]
+      body.append([name, program, f"{bs:.1f} -> {as_:.1f}", f"{bs / as_:.1f}x",
+                   f"{b['program_totals'][program] / 2**30:.2f} -> {a['program_totals'][program] / 2**30:.2f}"])
+    total = lambda plan: sum(d["compile_seconds"] for d in plan["program_details"].values())
+    body.append([name, "all programs", f"{total(b):.0f} -> {total(a):.0f}", f"{total(b) / total(a):.1f}x",
+                 f"peak {b['peak_bytes_per_device'] / 2**30:.2f} -> {a['peak_bytes_per_device'] / 2**30:.2f}"])
+    body.append([name, "planner peak RSS (GB, host)", f"{b['planner_peak_rss_bytes'] / 1e9:.2f} -> "
+                 f"{a['planner_peak_rss_bytes'] / 1e9:.2f}", "", ""])
+  return _md(["config", "program", "compile s (before -> after)", "faster", "GiB per device (before -> after)"],
+             body)
+
+
 def host_rss_table(rows: list[dict]) -> str:
   """Predicted (launch/plan_memory.py --host_rss) vs measured peak RSS of whole runs on this CPU host
   (launch/bench/host_rss.py, launch/bench/scale.py --predict; GB = 1e9 bytes)."""
@@ -196,6 +218,11 @@ def all_tables(results_dir: str) -> dict[str, str]:
              for f in sorted(os.listdir(plans_dir)) if f.endswith(".json")}
     if plans:
       tables["real-scale plans"] = plans_table(plans)
+    before_dir = os.path.join(plans_dir, "before_stacked_layers")
+    if os.path.isdir(before_dir):
+      before = {f[:-len(".json")]: read_json(os.path.join(before_dir, f), "plan file")
+                for f in sorted(os.listdir(before_dir)) if f.endswith(".json")}
+      tables["real-scale plans before and after stacked layers"] = plans_before_after_table(before, plans)
   host_path = os.path.join(results_dir, "host_rss.jsonl")
   if os.path.exists(host_path):
     tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
@@ -224,6 +251,8 @@ def source_of(title: str) -> str:
   if title.startswith("corrections (prefix shift"):
     return "results/prefix_shift_pair1.json"
   if title == "real-scale plans":
+    return "results/plans/"
+  if title == "real-scale plans before and after stacked layers":
     return "results/plans/"
   if title == "host memory":
     return "results/host_rss.jsonl"

@@ -27,15 +27,16 @@ under `jax.lax.scan` over the stack as stored (no copy of the weights per forwar
 so the traced program does not grow with depth: full-sequence forwards, and decoding with a KV cache alike
 (the cache rides in the scan's carry and each layer writes its new tokens in place). Without `scan_layers`
 each layer is its own module (`layers.3.self_attn.q_proj.kernel`) and a Python loop runs them, as it does a
-stacked state whose values are `PerLayer` (a precision recipe that treats layers differently). Measured
-compile times, including where scanning loses (XLA:CPU train steps), are in launch/bench/compile.py.
+stacked state whose values are `PerLayer` (a precision recipe that treats layers differently). Compile times
+of both, side by side: launch/bench/compile.py.
 `remat` wraps the layer body in jax.checkpoint: "full" saves only the layer's inputs
 (checkpoint_policies.nothing_saveable); "dots_saveable" also saves matmul outputs without batch dims
 (checkpoint_policies.dots_with_no_batch_dims_saveable: the weight projections; the attention score and
 value matmuls, which batch over B and heads, are recomputed).
 
-KV cache: any pytree object with `.valid_BxS`, `write(layer, k, v, index)` -> new cache, `read(layer, dtype)`
--> (k_BxKxHxS, v_BxKxSxH) (`layer` an int or a traced index) and `replace(valid_BxS=...)`.
+KV cache: any pytree object with `.slots` (S, the slots attention reads), `.valid_BxC` (which of its slots hold
+real tokens), `.valid_BxS` (the first S of them), `write(layer, k, v, index)` -> new cache, `read(layer, dtype)`
+-> (k_BxKxHxS, v_BxKxSxH) (`layer` an int or a traced index) and `replace(valid_BxC=...)`.
 `opd_jax.rollout.kv_cache` provides bf16 / int8 / fp8 caches; the model only calls these methods.
 """
 
@@ -277,10 +278,10 @@ class Decoder(nnx.Module):
       slots_T = jnp.arange(T)
       mask_BxTxS = (slots_T[None, :, None] >= slots_T[None, None, :]) & valid_BxT[:, None, :]
     else:
-      valid_BxS = jax.lax.dynamic_update_slice(cache.valid_BxS, valid_BxT, (0, cache_index))
+      cache = cache.replace(valid_BxC=jax.lax.dynamic_update_slice(cache.valid_BxC, valid_BxT, (0, cache_index)))
       query_slots_T = cache_index + jnp.arange(T)
-      key_slots_S = jnp.arange(valid_BxS.shape[1])
-      mask_BxTxS = (query_slots_T[None, :, None] >= key_slots_S[None, None, :]) & valid_BxS[:, None, :]
+      key_slots_S = jnp.arange(cache.slots)
+      mask_BxTxS = (query_slots_T[None, :, None] >= key_slots_S[None, None, :]) & cache.valid_BxS[:, None, :]
     freqs_BxTxH2 = positions_BxT[..., None].astype(jnp.float32) * jnp.asarray(
         rope_inv_freq(self.config), jnp.float32)[None, None, :]
     emb_BxTxH = jnp.concatenate([freqs_BxTxH2, freqs_BxTxH2], axis=-1)
@@ -292,8 +293,7 @@ class Decoder(nnx.Module):
     else:
       if layer_keep_L is not None:
         raise InputError("layer_keep_L applies without a cache only")
-      x_BxTxD, cache = self._run_layers_cached(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS,
-                                               cache.replace(valid_BxS=valid_BxS), cache_index)
+      x_BxTxD, cache = self._run_layers_cached(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, cache_index)
     if span is not None:
       x_BxTxD = x_BxTxD[:, span[0]:span[1]]
     x_BxTxD = self.norm(x_BxTxD)

@@ -1,11 +1,11 @@
 """Preallocated KV cache, optionally quantized.
 
-Legend: L layers, B batch, S cache slots, K kv heads, H head dim, T tokens written at once.
+Legend: L layers, B batch, C slots allocated (capacity), S slots visible to attention (<= C), K kv heads,
+H head dim, T tokens written at once.
 
-Layout: one buffer for every layer's keys, [L, B, K, H, S], and one for values, [L, B, K, S, H]; per layer, keys
-[B, K, H, S] and values [B, K, S, H]: per (batch, kv head) these are the right-hand
-operands of the two attention matmuls (q @ keys, probs @ values) in the [contracted, free] form matmul
-kernels read in place. The token-major [B, S, K, H] layout made XLA transpose the whole cache of every layer
+Layout: one buffer for every layer's keys, [L, B, K, H, C], and one for values, [L, B, K, C, H]; per layer, keys
+[B, K, H, S] and values [B, K, S, H] are read: per (batch, kv head) these are the right-hand operands of the two
+attention matmuls (q @ keys, probs @ values) in the [contracted, free] form matmul kernels read in place. The token-major [B, S, K, H] layout made XLA transpose the whole cache of every layer
 on every decode step, and on CPU decode attention was then 3x slower (`python launch/bench/sampler.py`).
 
 kv_dtype:
@@ -102,27 +102,37 @@ def quantize_dequantize(x_BxTxKxH: jax.Array, kv_dtype: str) -> jax.Array:
 @dataclasses.dataclass
 class KVCache:
   """Every layer's keys and values in one stacked buffer each (layer l is index l of the leading axis), so a scan
-  over the layers carries the cache and each layer writes its new tokens in place."""
-  k_LxBxKxHxS: jax.Array
-  v_LxBxKxSxH: jax.Array
-  k_scale_LxBxKx1xS: jax.Array | None
-  v_scale_LxBxKxSx1: jax.Array | None
-  valid_BxS: jax.Array  # slot holds a real (non-padding) token
+  over the layers carries the cache and each layer writes its new tokens in place.
+
+  The buffers hold C slots (capacity); attention reads only the first `slots` of them (static), so a decoder
+  widens the visible window as the cache fills (`grow`: no copy while it fits) instead of reading every slot from
+  the first step, and the cache is allocated once at its final size instead of being copied into a larger one.
+  """
+  k_LxBxKxHxC: jax.Array
+  v_LxBxKxCxH: jax.Array
+  k_scale_LxBxKx1xC: jax.Array | None
+  v_scale_LxBxKxCx1: jax.Array | None
+  valid_BxC: jax.Array  # slot holds a real (non-padding) token
   kv_dtype: str = dataclasses.field(metadata=dict(static=True))
+  slots: int = dataclasses.field(metadata=dict(static=True))  # S: the visible slots, <= capacity
 
   def replace(self, **changes) -> "KVCache":
     return dataclasses.replace(self, **changes)
 
   @property
-  def slots(self) -> int:
-    return self.valid_BxS.shape[1]
+  def capacity(self) -> int:
+    return self.valid_BxC.shape[1]
 
   @property
   def num_layers(self) -> int:
-    return self.k_LxBxKxHxS.shape[0]
+    return self.k_LxBxKxHxC.shape[0]
+
+  @property
+  def valid_BxS(self) -> jax.Array:
+    return self.valid_BxC[:, :self.slots]
 
   def write(self, layer, k_BxTxKxH, v_BxTxKxH, index) -> "KVCache":
-    """Layer `layer` (int or traced) with T new keys / values at slots index .. index + T - 1."""
+    """Layer `layer` (int or traced) with T new keys / values at slots index .. index + T - 1 (< slots)."""
     k, k_scale = _quantize(k_BxTxKxH, self.kv_dtype)
     v, v_scale = _quantize(v_BxTxKxH, self.kv_dtype)
     # [B, T, K, h] -> keys [1, B, K, h, T] / values [1, B, K, T, h] at (layer, 0, 0, ., .)
@@ -131,53 +141,61 @@ class KVCache:
     put_v = lambda buf, x: jax.lax.dynamic_update_slice(
         buf, x.transpose(0, 2, 1, 3)[None].astype(buf.dtype), (layer, 0, 0, index, 0))
     return self.replace(
-        k_LxBxKxHxS=put_k(self.k_LxBxKxHxS, k), v_LxBxKxSxH=put_v(self.v_LxBxKxSxH, v),
-        k_scale_LxBxKx1xS=None if k_scale is None else put_k(self.k_scale_LxBxKx1xS, k_scale),
-        v_scale_LxBxKxSx1=None if v_scale is None else put_v(self.v_scale_LxBxKxSx1, v_scale))
+        k_LxBxKxHxC=put_k(self.k_LxBxKxHxC, k), v_LxBxKxCxH=put_v(self.v_LxBxKxCxH, v),
+        k_scale_LxBxKx1xC=None if k_scale is None else put_k(self.k_scale_LxBxKx1xC, k_scale),
+        v_scale_LxBxKxCx1=None if v_scale is None else put_v(self.v_scale_LxBxKxCx1, v_scale))
 
   def read(self, layer, dtype):
-    """Layer `layer`'s (k_BxKxHxS, v_BxKxSxH), dequantized to `dtype`."""
-    at = lambda x: None if x is None else x[layer]
-    return (_dequantize(at(self.k_LxBxKxHxS), at(self.k_scale_LxBxKx1xS), self.kv_dtype, dtype, head_axis=2),
-            _dequantize(at(self.v_LxBxKxSxH), at(self.v_scale_LxBxKxSx1), self.kv_dtype, dtype, head_axis=3))
+    """Layer `layer`'s visible (k_BxKxHxS, v_BxKxSxH), dequantized to `dtype`."""
+    S = self.slots
+    keys = lambda x: None if x is None else x[layer][..., :S]
+    values = lambda x: None if x is None else x[layer][:, :, :S]
+    return (_dequantize(keys(self.k_LxBxKxHxC), keys(self.k_scale_LxBxKx1xC), self.kv_dtype, dtype, head_axis=2),
+            _dequantize(values(self.v_LxBxKxCxH), values(self.v_scale_LxBxKxCx1), self.kv_dtype, dtype, head_axis=3))
 
   def grow(self, slots: int) -> "KVCache":
-    """The same cache with `slots` slots, the new ones empty (values 0, scales 1, as `init` makes them); a copy
-    (attention reads every slot, so a decoder grows its cache as it fills instead of reading a full-length one
-    from the first step)."""
+    """The same cache with `slots` visible slots, the new ones empty. Within the capacity this copies nothing;
+    beyond it the buffers are padded to `slots` (values 0, scales 1, as `init` makes them; a copy)."""
     if slots < self.slots:
       raise InputError(f"cannot shrink a KV cache from {self.slots} to {slots} slots")
+    return self.reserve(slots).replace(slots=slots)
+
+  def reserve(self, capacity: int) -> "KVCache":
+    """The same cache (same visible slots) in buffers of at least `capacity` slots: allocate once, then grow."""
+    if capacity <= self.capacity:
+      return self
 
     def pad(x, axis, fill):
       if x is None:
         return None
-      widths = [(0, slots - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)]
+      widths = [(0, capacity - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)]
       return jnp.pad(x, widths, constant_values=fill)
 
-    return self.replace(k_LxBxKxHxS=pad(self.k_LxBxKxHxS, 4, 0), v_LxBxKxSxH=pad(self.v_LxBxKxSxH, 3, 0),
-                        k_scale_LxBxKx1xS=pad(self.k_scale_LxBxKx1xS, 4, 1),
-                        v_scale_LxBxKxSx1=pad(self.v_scale_LxBxKxSx1, 3, 1), valid_BxS=pad(self.valid_BxS, 1, False))
+    return self.replace(k_LxBxKxHxC=pad(self.k_LxBxKxHxC, 4, 0), v_LxBxKxCxH=pad(self.v_LxBxKxCxH, 3, 0),
+                        k_scale_LxBxKx1xC=pad(self.k_scale_LxBxKx1xC, 4, 1),
+                        v_scale_LxBxKxCx1=pad(self.v_scale_LxBxKxCx1, 3, 1), valid_BxC=pad(self.valid_BxC, 1, False))
 
   def repeat_rows(self, n: int) -> "KVCache":
     """Each row repeated n times in place (row g -> rows g*n .. g*n + n - 1): a prompt's cache for its group."""
     rep = lambda x, axis=1: None if x is None else jnp.repeat(x, n, axis=axis)
-    return self.replace(k_LxBxKxHxS=rep(self.k_LxBxKxHxS), v_LxBxKxSxH=rep(self.v_LxBxKxSxH),
-                        k_scale_LxBxKx1xS=rep(self.k_scale_LxBxKx1xS), v_scale_LxBxKxSx1=rep(self.v_scale_LxBxKxSx1),
-                        valid_BxS=rep(self.valid_BxS, 0))
+    return self.replace(k_LxBxKxHxC=rep(self.k_LxBxKxHxC), v_LxBxKxCxH=rep(self.v_LxBxKxCxH),
+                        k_scale_LxBxKx1xC=rep(self.k_scale_LxBxKx1xC), v_scale_LxBxKxCx1=rep(self.v_scale_LxBxKxCx1),
+                        valid_BxC=rep(self.valid_BxC, 0))
 
   @classmethod
   def init(cls, *, batch: int, slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-           compute_dtype, kv_dtype: str = "native") -> "KVCache":
+           compute_dtype, kv_dtype: str = "native", capacity: int = 0) -> "KVCache":
+    """An empty cache with `slots` visible slots in buffers of max(capacity, slots)."""
     kv_dtype = check_kv_dtype(kv_dtype)
     storage = _STORAGE.get(kv_dtype, compute_dtype)
-    L, B, S, K, H = num_layers, batch, slots, num_kv_heads, head_dim
+    L, B, C, K, H = num_layers, batch, max(capacity, slots), num_kv_heads, head_dim
     if kv_dtype == "int4":
       if H % 2:
         raise InputError(f"kv cache int4 packs two head dims per byte and needs an even head_dim, got {H}")
       H //= 2
     scale = lambda shape: jnp.ones(shape, jnp.float32) if kv_dtype in _QMAX else None  # per (token, head)
-    return cls(jnp.zeros((L, B, K, H, S), storage), jnp.zeros((L, B, K, S, H), storage), scale((L, B, K, 1, S)),
-               scale((L, B, K, S, 1)), jnp.zeros((B, S), bool), kv_dtype)
+    return cls(jnp.zeros((L, B, K, H, C), storage), jnp.zeros((L, B, K, C, H), storage), scale((L, B, K, 1, C)),
+               scale((L, B, K, C, 1)), jnp.zeros((B, C), bool), kv_dtype, slots)
 
 
 def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str,

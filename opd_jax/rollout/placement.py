@@ -12,7 +12,7 @@ over `tensor` (Megatron column-parallel q/k/v/gate/up, row-parallel o/down, voca
 LM head), and the KV cache over batch rows (`data`) and KV heads (`tensor`). Nothing is sharded over fsdp, so
 a decode step never all-gathers weights: each step's collectives are the tensor-parallel reductions only.
 
-Legend: L layers, B batch, K kv heads, H head dim, S cache slots.
+Legend: L layers, B batch, K kv heads, H head dim, C cache slots.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def constrain_cache(cache: KVCache, mesh: Mesh) -> KVCache:
       return None
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, shard_lib.fit_spec(spec, x.shape, mesh)))
 
-  spec = (None, rows, "tensor", None, None)  # keys [L, B, K, H, S], values [L, B, K, S, H], their scales alike
-  return cache.replace(k_LxBxKxHxS=pin(cache.k_LxBxKxHxS, spec), v_LxBxKxSxH=pin(cache.v_LxBxKxSxH, spec),
-                       k_scale_LxBxKx1xS=pin(cache.k_scale_LxBxKx1xS, spec),
-                       v_scale_LxBxKxSx1=pin(cache.v_scale_LxBxKxSx1, spec), valid_BxS=pin(cache.valid_BxS, (rows, None)))
+  spec = (None, rows, "tensor", None, None)  # keys [L, B, K, H, C], values [L, B, K, C, H], their scales alike
+  return cache.replace(k_LxBxKxHxC=pin(cache.k_LxBxKxHxC, spec), v_LxBxKxCxH=pin(cache.v_LxBxKxCxH, spec),
+                       k_scale_LxBxKx1xC=pin(cache.k_scale_LxBxKx1xC, spec),
+                       v_scale_LxBxKxCx1=pin(cache.v_scale_LxBxKxCx1, spec), valid_BxC=pin(cache.valid_BxC, (rows, None)))

@@ -3,8 +3,9 @@
 Legend: B batch, G distinct prompts (B / samples_per_prompt), P prompt length (left-padded), N max new
 tokens, V vocab, K returned top logits.
 
-Decoding runs as a few while-loops in one jitted program (see `SamplingConfig.decode_chunk`); before each,
-the cache grows to exactly the slots that loop fills, so attention never reads slots that are still empty.
+Decoding runs as a few while-loops in one jitted program (see `SamplingConfig.decode_chunk`); the KV cache is
+allocated once with room for every token, and before each loop the slots attention reads widen to exactly those
+that loop fills, so attention never reads slots that are still empty.
 
 Prompts are left-padded (`prompt_valid_BxP` marks real tokens; every row needs at least one), so every row's
 last prompt token sits in column P-1 and decoding writes slot P + t for all rows at once. RoPE positions
@@ -51,8 +52,8 @@ class SamplingConfig:
   pad_id: int = 0  # written after a row ends
   kv_dtype: str = "native"  # see rollout.kv_cache
   logits_top_k: int = 0  # also return the top-k log-probs (temperature 1, unfiltered) per position; 0 = none
-  # Decode steps per compiled loop; each loop runs over a KV cache grown only to the slots it fills, since
-  # attention reads every slot it is given (at 128 new tokens this is 10-15% faster on CPU). Every loop is
+  # Decode steps per compiled loop; each loop's attention reads only the KV slots it fills, since attention
+  # reads every slot it is given (at 128 new tokens this is 10-15% faster on CPU). Every loop is
   # compiled separately. 0 = automatic: max(32, ceil(max_new_tokens / 4)), i.e. at most four loops.
   decode_chunk: int = 0
   samples_per_prompt: int = 1  # rows come in groups of this many sharing one prompt, prefilled once per group
@@ -113,22 +114,24 @@ def choose_tokens(logits_BxV: jax.Array, key: jax.Array, config: SamplingConfig)
 
 
 def _prefill(model, config: SamplingConfig, prompt_BxP, prompt_valid_BxP, pin):
-  """(last-position logits_Bx1xV, cache over the P prompt slots), prefilling each group's prompt once."""
+  """(last-position logits_Bx1xV, cache over the P prompt slots), prefilling each group's prompt once. The cache
+  is allocated with room for every decoded token (P + N - 1 slots), once: decoding only widens what it reads."""
   mc = model.config
   B, P = prompt_BxP.shape
   n = config.samples_per_prompt
   if B % n:
     raise InputError(f"batch of {B} rows is not a whole number of groups of samples_per_prompt={n}")
   prompt_GxP, valid_GxP = prompt_BxP[::n], prompt_valid_BxP[::n]  # the first row of each group
+  capacity = P + config.max_new_tokens - 1  # a group's prefill stays at P slots until its rows are repeated
   cache = pin(KVCache.init(batch=B // n, slots=P, num_layers=mc.num_hidden_layers,
                            num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
-                           compute_dtype=model.dtype, kv_dtype=config.kv_dtype))
+                           compute_dtype=model.dtype, kv_dtype=config.kv_dtype, capacity=capacity if n == 1 else P))
   positions_GxP = jnp.maximum(jnp.cumsum(valid_GxP, axis=1) - 1, 0)
   logits_Gx1xV, cache = model(prompt_GxP, positions_GxP, valid_GxP, cache=cache, cache_index=0,
                               logits_span=(P - 1, P))
   if n == 1:
     return logits_Gx1xV, cache
-  return jnp.repeat(logits_Gx1xV, n, axis=0), pin(cache.repeat_rows(n))
+  return jnp.repeat(logits_Gx1xV, n, axis=0), pin(cache.repeat_rows(n).reserve(capacity))
 
 
 def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt_BxP, prompt_valid_BxP,
