@@ -46,6 +46,19 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.teacher = os.path.join(ASSETS, pair, "teacher")  # HF checkpoint dir of the fixed teacher
   c.student = os.path.join(ASSETS, pair, "student")  # HF checkpoint dir the student starts from
   c.tokenizer = ""  # dir with tokenizer files; "" = the student dir
+  # "" = the teacher scores rollouts in this process. An http(s) URL ending in /v1 = a served teacher scores them
+  # over a vLLM-compatible logprob API (python launch/serve_teacher.py, vLLM, SGLang; opd_jax/serving): only the
+  # sampled tokens' log-probs and the objective's top-k cross the wire. config.teacher stays the same model's
+  # dir: held-out evaluation (exact KL, teacher accuracy) still runs it in this process.
+  c.teacher_endpoint = ""
+  c.served_teacher = ml_collections.ConfigDict()  # the client of a served teacher (opd_jax/serving/client.py)
+  c.served_teacher.model = ""  # the name the server serves the teacher under; "" = the first GET /v1/models lists
+  c.served_teacher.rows_per_request = 8  # responses scored per HTTP request
+  c.served_teacher.max_in_flight = 4  # requests of one batch sent at once
+  c.served_teacher.timeout_s = 120.0  # one request's limit; a timeout counts as an outage and is retried
+  # An outage (refused connections, timeouts, HTTP 429 / 5xx) is retried with backoff while the batch waits; one
+  # that lasts longer than this stops the run (exit 1, last checkpoint kept; rerun the command to resume).
+  c.served_teacher.retry_for_s = 300.0
   # Mixed precision. The learner keeps float32 master params and optimizer state; compute may be bfloat16
   # (real scale: halves activation memory, ~2x matmul speed on GPU/TPU). The LM head always accumulates and
   # returns float32 logits. The embedded pairs compute in float32: CPU bfloat16 matmuls are emulated and slow,

@@ -37,8 +37,10 @@ tokens a_t. Log-probs and logits are float32.
   *_topk         the same three on the teacher's top-k support plus one tail bin: both distributions are
                  coarse-grained to (top-k tokens of pi_T, everything else). The tail bin keeps the divergence
                  well defined and, by the data-processing inequality, a lower bound on the full one; it is exact
-                 when pi_T puts no mass outside its top k. Only the teacher's top-k ids and log-probs [B, R, K]
-                 cross from the teacher to the learner.
+                 when pi_T puts no mass outside its top k. With top_k = V there is no tail bin: the exact
+                 objective, from the teacher's whole log-prob vector (what a served teacher of a small vocabulary
+                 sends in place of hidden states, `ObjectiveConfig.over_the_wire`). Only the teacher's top-k ids
+                 and log-probs [B, R, K] cross from the teacher to the learner.
 
 Every objective is per token: `token_losses` returns a loss term per response token ([B, R]) and the scalar
 loss is its sum over the mask divided by the batch's token count. The full-vocabulary objectives read a
@@ -119,6 +121,14 @@ class ObjectiveConfig:
     beta = {**_EXACT_BETA, **_TOPK_BETA}[self.name]
     return self.beta if beta is None else beta
 
+  def over_the_wire(self, vocab_size: int) -> "ObjectiveConfig":
+    """The objective a served teacher can feed (it sends log-probs, never hidden states): an exact vocabulary
+    objective becomes its *_topk form over the whole vocabulary (top_k = V: no tail bin, the same divergence up to
+    summation order); any other objective is unchanged."""
+    if not self.needs_teacher_hidden:
+      return self
+    return dataclasses.replace(self, name=_TOPK_OF_EXACT[self.name], top_k=vocab_size)
+
   @property
   def prompts_per_batch_divisor(self) -> int:
     """Responses per prompt: the batch holds batch_size / this distinct prompts."""
@@ -169,6 +179,8 @@ def divergence_topk(student_logits_BxRxV, teacher_top_logp_BxRxK, teacher_top_id
   are at `temperature` already (the scoring program computes them so)."""
   student_logp = jax.nn.log_softmax(student_logits_BxRxV / temperature, axis=-1)
   student_top_BxRxK = jnp.take_along_axis(student_logp, teacher_top_ids_BxRxK, axis=-1)
+  if teacher_top_ids_BxRxK.shape[-1] == student_logits_BxRxV.shape[-1]:  # K = V: the whole support, no tail
+    return _jsd_per_token(student_top_BxRxK, teacher_top_logp_BxRxK, beta)
   return _jsd_per_token(_with_tail(student_top_BxRxK), _with_tail(teacher_top_logp_BxRxK), beta)
 
 
@@ -273,6 +285,7 @@ def _vocabulary(x: LossInputs, c: ObjectiveConfig):
 
 _EXACT_BETA = {"reverse_kl": 1.0, "forward_kl": 0.0, "jsd": None}
 _TOPK_BETA = {"reverse_kl_topk": 1.0, "forward_kl_topk": 0.0, "jsd_topk": None}
+_TOPK_OF_EXACT = {"reverse_kl": "reverse_kl_topk", "forward_kl": "forward_kl_topk", "jsd": "jsd_topk"}
 OBJECTIVES: dict[str, Callable] = {"reverse_kl_pg": _reverse_kl_pg, "grpo": _grpo,
                                    **{name: _vocabulary for name in (*_EXACT_BETA, *_TOPK_BETA)}}
 

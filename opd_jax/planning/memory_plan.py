@@ -160,6 +160,7 @@ class PlanConfig:
   sampling_top_k: int = 0  # rollout.top_k / top_p: the sampler's filters (top-p sorts the vocabulary)
   sampling_top_p: float = 1.0
   objective_fields: tuple = ()  # the rest of config.objective as (field, value) pairs (objective / top_k win)
+  served_teacher: bool = False  # config.teacher_endpoint: the teacher scores over HTTP (no teacher_score program)
 
   @classmethod
   def from_config(cls, config, teacher: ModelConfig, student: ModelConfig, *, devices: int,
@@ -168,11 +169,14 @@ class PlanConfig:
     program depends on is read from the run config (opd_jax/train/programs.py builds them alike)."""
     r, t, m, o = config.rollout, config.train, config.mesh, config.objective
     group = o.group_size if o.name == "grpo" else r.samples_per_prompt
+    served = bool(config.teacher_endpoint)  # the loop trains what the served teacher can feed (config_checks)
+    objective = ObjectiveConfig(**dict(o))
+    objective = objective.over_the_wire(min(teacher.vocab_size, student.vocab_size)) if served else objective
     return cls(teacher=teacher, student=student, batch_size=t.batch_size, prompt_tokens=config.data.max_prompt_tokens,
                response_tokens=r.max_new_tokens, device_memory_bytes=device_memory_bytes, devices=devices,
                mesh_fsdp=m.fsdp, mesh_tensor=m.tensor, weights=r.weights, kv_cache=r.kv_cache,
                staleness_steps=r.staleness_steps, micro_batch_size=t.micro_batch_size, logits_chunk=t.logits_chunk,
-               remat=config.model.remat, objective=o.name, top_k=o.top_k,
+               remat=config.model.remat, objective=objective.name, top_k=objective.top_k,
                student_param_dtype=config.student_param_dtype, student_compute_dtype=config.student_compute_dtype,
                teacher_dtype=config.teacher_param_dtype, teacher_compute_dtype=config.teacher_compute_dtype,
                placement=r.placement, rollout_devices=r.devices, rollout_tensor=r.tensor_parallel,
@@ -183,7 +187,8 @@ class PlanConfig:
                group_size=group, eval_batch_size=t.eval_batch_size, eval_sampled=bool(t.eval_sampled),
                eval_weights=t.eval_weights,
                weight_rules=tuple(tuple(rule) for rule in r.weight_rules), noise_sigma=r.noise_sigma,
-               sampling_top_k=r.top_k, sampling_top_p=r.top_p, objective_fields=tuple(sorted(dict(o).items())))
+               sampling_top_k=r.top_k, sampling_top_p=r.top_p, objective_fields=tuple(sorted(dict(o).items())),
+               served_teacher=served)
 
   def __post_init__(self):
     check_numbers(**{field: getattr(self, field) for field in (*NUMBER_FLAGS, "device_memory_bytes")})
@@ -343,6 +348,8 @@ def build_programs(plan: PlanConfig, mesh: Mesh, micro_batch_size: int):
       "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
                                  ("learner_params", "teacher_params")),
   }
+  if plan.served_teacher:  # scored over HTTP by another process: no teacher program here
+    del programs_by_name["teacher_score"]
   if "_sampled" in run.eval_samplers:  # train.eval_sampled: a second, temperature-1 evaluation program
     programs_by_name["eval_sampler_sampled"] = dataclasses.replace(
         programs_by_name["eval_sampler"], fn=run.eval_samplers["_sampled"]._fn)

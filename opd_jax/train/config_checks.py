@@ -16,6 +16,7 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
+from opd_jax.serving.client import check_endpoint
 
 MODES = ("sync", "async")
 EVAL_WEIGHTS = ("learner", "sampler")  # train.eval_weights: what the evaluation decodes with
@@ -88,10 +89,46 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
                        f"{rollout.max_new_tokens} exceeds the {role}'s max_position_embeddings "
                        f"{model.max_position_embeddings}; shorten one of them")
   vocab = pair_vocab(config, teacher, student)
+  objective = check_served_teacher(config, rollout, objective, vocab.vocab_size)
   if config.train.export_dtype not in ("", "float32", "bfloat16"):
     raise InputError(f"train.export_dtype must be 'float32', 'bfloat16' or '' (no export), got "
                      f"{config.train.export_dtype!r}")
   return rollout, objective, vocab
+
+
+FULL_VOCAB_OVER_THE_WIRE = 1024  # largest vocabulary whose whole log-prob vector a served teacher sends per token
+
+
+def check_served_teacher(config, rollout: RolloutConfig, objective: ObjectiveConfig,
+                         vocab_size: int) -> ObjectiveConfig:
+  """The objective the run trains with: with a served teacher (config.teacher_endpoint), which sends log-probs of
+  the raw logits and top-k only, to one process, an exact vocabulary objective becomes its top-k form over the
+  whole vocabulary (ObjectiveConfig.over_the_wire), for small vocabularies only."""
+  if not config.teacher_endpoint:
+    return objective
+  check_endpoint(config.teacher_endpoint)
+  if objective.needs_teacher_hidden and vocab_size > FULL_VOCAB_OVER_THE_WIRE:
+    raise InputError(f"objective.name={objective.name!r} needs the teacher's whole distribution, which a served "
+                     f"teacher would send as {vocab_size} log-probs per token (only up to "
+                     f"{FULL_VOCAB_OVER_THE_WIRE}); use reverse_kl_pg or a *_topk objective with "
+                     "config.teacher_endpoint")
+  if rollout.temperature != 1.0 or (objective.needs_teacher_topk and objective.temperature != 1.0):
+    raise InputError(f"rollout.temperature={rollout.temperature:g} / objective.temperature="
+                     f"{objective.temperature:g}: a served teacher's log-probs are of its raw logits (temperature 1, "
+                     "as vLLM's prompt log-probs are); set both to 1 with config.teacher_endpoint")
+  if jax.process_count() > 1:
+    raise InputError("config.teacher_endpoint is single-process for now (every process would send the whole "
+                     "batch); leave distributed.* unset or score in-process")
+  s = config.served_teacher
+  for field in ("rows_per_request", "max_in_flight"):
+    if isinstance(s[field], bool) or not isinstance(s[field], int) or s[field] < 1:
+      raise InputError(f"served_teacher.{field} must be a positive integer, got {s[field]!r}")
+  for field, lowest in (("timeout_s", 0.0), ("retry_for_s", 0.0)):
+    if isinstance(s[field], bool) or not isinstance(s[field], (int, float)) or not s[field] >= lowest or (
+        field == "timeout_s" and s[field] == 0):
+      raise InputError(f"served_teacher.{field} must be a number {'> 0' if field == 'timeout_s' else '>= 0'}, "
+                       f"got {s[field]!r}")
+  return objective.over_the_wire(vocab_size)
 
 
 def response_group(rollout: RolloutConfig, objective: ObjectiveConfig) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 
 import jax
@@ -21,6 +22,7 @@ from opd_jax.models.finite import check_finite
 from opd_jax.models.tokenizer_compat import PairVocab
 from opd_jax.rollout import placement
 from opd_jax.rollout.snapshots import SnapshotStore
+from opd_jax.serving.client import ServedTeacher
 from opd_jax.train import distributed, evaluation, programs
 from opd_jax.train.config_checks import check_config, check_workdir, response_group
 from opd_jax.train.checkpointing import Checkpointer
@@ -81,6 +83,7 @@ def train(config, workdir: str) -> dict:
   graphdef, params = nnx.split(student)
   rollout.validate_for(params)
   tokenizer = load_tokenizer(config.tokenizer or config.student)
+  served = _served_teacher(config, objective, student.config.vocab_size, tokenizer)  # None: score in-process
   eos_ids = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
@@ -121,7 +124,8 @@ def train(config, workdir: str) -> dict:
                              seed=config.seed, logits_chunk=settings.logits_chunk,
                              reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems)
                              if objective.prompts_per_batch_divisor > 1 else None, group_size=group,
-                             teacher_score=run.teacher_score, student_score=run.student_score)
+                             teacher_score=run.teacher_score, student_score=run.student_score,
+                             served_teacher=served)
   # Split the mismatch into precision/noise and staleness factors: score each batch with the dense learner
   # version that generated it too (costs one dense copy per kept version; only when lag and knobs coexist).
   split = rollout.keeps_dense_copies(lagged=rollout.staleness_steps > 0 or t.mode == "async")
@@ -210,6 +214,8 @@ def train(config, workdir: str) -> dict:
 
     writer = MetricsWriter(workdir, resume_step=resume_step, total_steps=t.steps, progress_bar=t.progress_bar,
                            enabled=distributed.is_main())
+    if served is not None:
+      served.warn = writer.warn  # outage warnings above the progress bar
     if distributed.is_main():
       _write_run_info(workdir, config)
     final = {}
@@ -262,6 +268,9 @@ def train(config, workdir: str) -> dict:
         row["perf/tokens_per_s"] = float(interval_tokens) / elapsed
         row["learning_rate"] = float(schedule(int(state.step) - 1))  # what the interval's last update used
         row["data/prompts_truncated"] = last_data_state["truncated"]  # cut to data.max_prompt_tokens so far
+        if served is not None:  # request + response bytes per scored token so far, and outages survived
+          row["teacher/wire_bytes_per_token"] = served.wire_bytes_per_token()
+          row["teacher/outages"] = served.outages
         if last_data_state["truncated"] and not warned_truncation:
           warned_truncation = True
           writer.warn(f"{last_data_state['truncated']} of {last_data_state['prompts_drawn']} prompts so far were "
@@ -298,12 +307,32 @@ def train(config, workdir: str) -> dict:
     preemption.__exit__(None, None, None)
     if asynchronous is not None:
       asynchronous.close()
+    if served is not None:
+      served.close()
     if checkpointer is not None:
       checkpointer.close()
     if writer is not None:
       writer.close()
     lock.release()
   return final
+
+
+def _served_teacher(config, objective, vocab_size: int, tokenizer):
+  """The served teacher's client (tokenizer checked against the student's), or None for in-process scoring."""
+  if not config.teacher_endpoint:
+    return None
+  s = config.served_teacher
+  warn = lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)
+  served = ServedTeacher(config.teacher_endpoint, vocab_size=vocab_size,
+                         top_k=objective.top_k if objective.needs_teacher_topk else 0, model=s.model,
+                         rows_per_request=s.rows_per_request, max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
+                         retry_for_s=s.retry_for_s, warn=warn)
+  try:
+    served.check_tokenizer(tokenizer)
+  except BaseException:
+    served.close()
+    raise
+  return served
 
 
 class _SkipGuard:

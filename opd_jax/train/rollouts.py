@@ -4,10 +4,10 @@
 the sampler's weights of learner version `version` (`snapshot["sampler"]`, made by rollout.weight_sync: noise
 + precision recipe, on the sampler's own mesh), KV-cache dtype, sampling, teacher scoring (per-token
 log-probs, plus what the objective needs of the teacher: its final hidden states for the exact vocabulary
-objectives, its top-k for the *_topk ones; never [B, R, V]), and -- when lag and precision/noise/KV knobs can
-coexist -- the same-version dense learner log-probs (`snapshot["dense"]`) that split the mismatch into its two
-factors. Sampler outputs move to the learner's batch layout before the teacher (on the learner's devices)
-scores them. With group_size > 1 every prompt is answered group_size times (the sampler prefills it once);
+objectives, its top-k for the *_topk ones; never [B, R, V]; in this process, or by a served teacher over HTTP),
+and -- when lag and precision/noise/KV knobs can coexist -- the same-version dense learner log-probs
+(`snapshot["dense"]`) that split the mismatch into its two factors. Sampler outputs move to the learner's
+batch layout before the teacher (on the learner's devices) scores them. With group_size > 1 every prompt is answered group_size times (the sampler prefills it once);
 with a reward function (the GRPO baseline) responses are graded and the train step standardizes rewards
 within each group. The teacher scores every batch, so OPD and GRPO runs report their KL to the teacher on one
 scale. The PRNG key of batch `index` is fold_in(key(seed), index), so a resumed run draws the same samples.
@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from opd_jax.errors import InputError
+from opd_jax.objectives.logprobs import Scores
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler
@@ -49,7 +50,7 @@ class RolloutProducer:
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
                objective: ObjectiveConfig, put_batch, put_sampler_batch=None, learner_rows=None, seed: int,
                logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1,
-               teacher_score=None, student_score=None):
+               teacher_score=None, student_score=None, served_teacher=None):
     """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
     learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
     sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when
@@ -57,14 +58,15 @@ class RolloutProducer:
     group_size: responses per prompt (the sampler's samples_per_prompt must equal it).
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO).
     teacher_score / student_score: the scoring programs when already built (opd_jax.train.programs builds them
-    either way)."""
+    either way). served_teacher: an opd_jax.serving.client.ServedTeacher that scores instead of teacher_score (its
+    log-probs and top-k come back through the host onto the learner's batch layout)."""
     if sampler.config.samples_per_prompt != group_size:
       raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches "
                        f"come in groups of {group_size}")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
     self.put_sampler_batch, self.learner_rows = put_sampler_batch or put_batch, learner_rows
     self.reward_fn, self.group_size = reward_fn, group_size
-    self.teacher_state = teacher_state
+    self.teacher_state, self.served_teacher = teacher_state, served_teacher
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
                                                                     rollout.temperature, logits_chunk)
@@ -82,7 +84,12 @@ class RolloutProducer:
       out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
+    if self.served_teacher is None:
+      teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
+    else:  # over the wire: the host's tokens in, per-token log-probs (and top-k) back onto the learner's rows
+      tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
+      scored = self.served_teacher.score(prompts["prompt_BxP"], prompts["prompt_valid_BxP"], tokens, mask)
+      teacher = Scores(*(None if x is None else self.put_batch(x) for x in (scored[0], None, *scored[1:])))
     snapshot_logp = None
     if "dense" in snapshot:
       snapshot_logp = self._student(snapshot["dense"], prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN).logp_BxR
