@@ -59,6 +59,11 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # An outage (refused connections, timeouts, HTTP 429 / 5xx) is retried with backoff while the batch waits; one
   # that lasts longer than this stops the run (exit 1, last checkpoint kept; rerun the command to resume).
   c.served_teacher.retry_for_s = 300.0
+  # Preflight, on the first batch: the served scores against config.teacher's own in this process (k3, the same
+  # scale as sampler-learner mismatch) and against a second served scoring (is the server deterministic?). Above
+  # preflight_max_k3: "refuse" stops the run before its first update (exit 2), "warn" warns; "off" skips it.
+  c.served_teacher.preflight = "refuse"
+  c.served_teacher.preflight_max_k3 = 1e-4  # float32 noise between two XLA programs is ~1e-9; bf16 serving ~1e-4
   # Mixed precision. The learner keeps float32 master params and optimizer state; compute may be bfloat16
   # (real scale: halves activation memory, ~2x matmul speed on GPU/TPU). The LM head always accumulates and
   # returns float32 logits. The embedded pairs compute in float32: CPU bfloat16 matmuls are emulated and slow,

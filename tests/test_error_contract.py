@@ -54,6 +54,13 @@ CASES = [
      "--config.data.heldout_file={d}/bad.jsonl", "not UTF-8"),
     ("train_jsonl_garbage", *TRAIN, *TINY, "--config.data.source=jsonl", "--config.data.train_file={d}/garbage_problems.jsonl",
      "--config.data.heldout_file={d}/garbage_problems.jsonl", "garbage_problems.jsonl:2: not valid JSON"),
+    ("train_teacher_endpoint", *TRAIN, "--config.teacher_endpoint=localhost:8000", "is not an http(s) URL"),
+    ("train_served_preflight", *TRAIN, "--config.teacher_endpoint=http://127.0.0.1:9/v1",
+     "--config.served_teacher.preflight=maybe", "served_teacher.preflight must be one of"),
+    # serve_teacher.py
+    ("serve_no_model", "launch/serve_teacher.py", "give exactly one of --config"),
+    ("serve_bad_port", "launch/serve_teacher.py", "--checkpoint={teacher}", "--port=70000", "--port in 0..65535"),
+    ("serve_missing_checkpoint", "launch/serve_teacher.py", "--checkpoint=/no/such/dir", "does not exist"),
     # sample.py
     ("sample_missing", *SAMPLE, "--checkpoint=/no/such/dir", "does not exist"),
     ("sample_no_checkpoint", *SAMPLE, "--checkpoint is required"),

@@ -57,8 +57,8 @@ def test_stacked_storage_holds_the_per_layer_values(models):
   state, reference = nnx.state(stacked), nnx.state(per_layer)
   kernel = state["layers"]["self_attn"]["q_proj"]["kernel"].get_value()
   c = stacked.config
-  assert kernel.shape == (L, c.hidden_size, c.num_attention_heads * c.head_dim) and "layers.self_attn.q_proj.kernel" in {
-      layer_stack.dotted(p) for p, _ in nnx.to_flat_state(state)}
+  assert kernel.shape == (L, c.hidden_size, c.num_attention_heads * c.head_dim)
+  assert "layers.self_attn.q_proj.kernel" in {layer_stack.dotted(p) for p, _ in nnx.to_flat_state(state)}
   # The per-layer view names and orders parameters exactly as per-layer storage stores them.
   assert layer_stack.paths(state) == [layer_stack.dotted(p) for p, _ in nnx.to_flat_state(reference)]
   _assert_views_equal(state, reference)
@@ -122,8 +122,13 @@ def test_recipes_quantize_each_layer_as_per_layer_storage_does(models, rules, mi
     assert kernel.scale[0].shape == ((2, 1, 1) if "tensor" in rules[0][1] else (2, 1, 80))
 
 
+_SLOW = pytest.mark.slow  # the fast tier keeps the mixed recipe (PerLayer values, quantized cache) of these
+
+
 @pytest.mark.parametrize("rollout", [
-    RolloutConfig(), RolloutConfig(weights="fp8", kv_cache="int8"), RolloutConfig(noise_sigma=0.05),
+    pytest.param(RolloutConfig(), marks=_SLOW),
+    pytest.param(RolloutConfig(weights="fp8", kv_cache="int8"), marks=_SLOW),
+    pytest.param(RolloutConfig(noise_sigma=0.05), marks=_SLOW),
     RolloutConfig(weight_rules=((r"^layers\.1\.mlp", "bf16"), ("proj", "int8")), kv_cache="fp8")],
     ids=["exact", "fp8+kv_int8", "noise", "mixed_recipe+kv_fp8"])
 def test_decoding_matches_per_layer_storage(models, rollout):
@@ -209,6 +214,7 @@ def test_a_checkpoint_of_the_other_storage_is_a_clear_mismatch(models, tmp_path)
   assert json.loads((tmp_path / "checkpoints" / "1" / "checksums.json").read_text())  # the step was left as it is
 
 
+@pytest.mark.slow
 def test_a_mixed_recipe_syncs_onto_the_sampler_mesh_and_checkpoints(models, tmp_path):
   """PerLayer values (layers at two precisions) through the weight sync onto a 4-device tensor-parallel sampler
   mesh: each layer's kernel on the inference layout, the same samples as per-layer storage's sync, and a

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from configs import common
+from opd_jax.errors import InputError
 from opd_jax.train.loop import train
 from tests import servers
 
@@ -39,6 +40,7 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow  # the fast tier keeps the refused run below
 def test_a_served_teacher_reproduces_the_in_process_run(tiny_pair, tmp_path):
   """Every logged value within 1e-4 of the in-process run (a float32 server, the same seed), held-out accuracy
   equal; the served run also logs the wire bytes per scored token."""
@@ -56,6 +58,18 @@ def test_a_served_teacher_reproduces_the_in_process_run(tiny_pair, tmp_path):
     if "eval/accuracy" in want:
       assert got["eval/accuracy"] == want["eval/accuracy"]
   assert compared > 100 and all(r["teacher/wire_bytes_per_token"] > 0 for r in served if "loss" in r)
+  first = next(r for r in served if "loss" in r)  # the preflight: served vs in-process scores of the first batch
+  assert first["teacher/preflight_k3"] < 1e-8 and first["teacher/preflight_repeat_k3"] == 0.0
+
+
+def test_a_served_teacher_that_is_another_model_is_refused_before_anything_is_written(tiny_pair, tmp_path):
+  """The preflight compares the served scores of the first batch with config.teacher's own: a server of another
+  model (here the student) is refused with one message naming the threshold, before the workdir exists."""
+  with servers.teacher(f"--checkpoint={tiny_pair['student']}") as (_, url):
+    with pytest.raises(InputError, match=r"scores the first batch at k3 \S+ from config.teacher .* above "
+                                         r"served_teacher.preflight_max_k3=0.0001: it serves another model"):
+      train(_config(tiny_pair, teacher_endpoint=url), str(tmp_path / "refused"))
+  assert not os.path.exists(tmp_path / "refused")
 
 
 def _train_command(url: str, workdir: str, *extra: str) -> list[str]:

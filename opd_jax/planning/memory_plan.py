@@ -160,7 +160,9 @@ class PlanConfig:
   sampling_top_k: int = 0  # rollout.top_k / top_p: the sampler's filters (top-p sorts the vocabulary)
   sampling_top_p: float = 1.0
   objective_fields: tuple = ()  # the rest of config.objective as (field, value) pairs (objective / top_k win)
-  served_teacher: bool = False  # config.teacher_endpoint: the teacher scores over HTTP (no teacher_score program)
+  # config.teacher_endpoint with served_teacher.preflight off: every batch is scored over HTTP, so the run never
+  # compiles teacher_score (the preflight scores the first batch in process too)
+  served_teacher: bool = False
 
   @classmethod
   def from_config(cls, config, teacher: ModelConfig, student: ModelConfig, *, devices: int,
@@ -188,7 +190,7 @@ class PlanConfig:
                eval_weights=t.eval_weights,
                weight_rules=tuple(tuple(rule) for rule in r.weight_rules), noise_sigma=r.noise_sigma,
                sampling_top_k=r.top_k, sampling_top_p=r.top_p, objective_fields=tuple(sorted(dict(o).items())),
-               served_teacher=served)
+               served_teacher=served and config.served_teacher.preflight == "off")
 
   def __post_init__(self):
     check_numbers(**{field: getattr(self, field) for field in (*NUMBER_FLAGS, "device_memory_bytes")})

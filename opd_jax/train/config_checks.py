@@ -96,6 +96,7 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
   return rollout, objective, vocab
 
 
+PREFLIGHT = ("refuse", "warn", "off")  # served_teacher.preflight
 FULL_VOCAB_OVER_THE_WIRE = 1024  # largest vocabulary whose whole log-prob vector a served teacher sends per token
 
 
@@ -120,6 +121,11 @@ def check_served_teacher(config, rollout: RolloutConfig, objective: ObjectiveCon
     raise InputError("config.teacher_endpoint is single-process for now (every process would send the whole "
                      "batch); leave distributed.* unset or score in-process")
   s = config.served_teacher
+  if s.preflight not in PREFLIGHT:
+    raise InputError(f"served_teacher.preflight must be one of {PREFLIGHT}, got {s.preflight!r}")
+  if isinstance(s.preflight_max_k3, bool) or not isinstance(s.preflight_max_k3, (int, float)) or not (
+      s.preflight_max_k3 >= 0):
+    raise InputError(f"served_teacher.preflight_max_k3 must be a number >= 0, got {s.preflight_max_k3!r}")
   for field in ("rows_per_request", "max_in_flight"):
     if isinstance(s[field], bool) or not isinstance(s[field], int) or s[field] < 1:
       raise InputError(f"served_teacher.{field} must be a positive integer, got {s[field]!r}")

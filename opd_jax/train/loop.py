@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 
 import jax
@@ -22,8 +21,8 @@ from opd_jax.models.finite import check_finite
 from opd_jax.models.tokenizer_compat import PairVocab
 from opd_jax.rollout import placement
 from opd_jax.rollout.snapshots import SnapshotStore
-from opd_jax.serving.client import ServedTeacher
 from opd_jax.train import distributed, evaluation, programs
+from opd_jax.train import served as served_lib
 from opd_jax.train.config_checks import check_config, check_workdir, response_group
 from opd_jax.train.checkpointing import Checkpointer
 from opd_jax.train.data import PromptPipeline
@@ -83,7 +82,7 @@ def train(config, workdir: str) -> dict:
   graphdef, params = nnx.split(student)
   rollout.validate_for(params)
   tokenizer = load_tokenizer(config.tokenizer or config.student)
-  served = _served_teacher(config, objective, student.config.vocab_size, tokenizer)  # None: score in-process
+  served = served_lib.connect(config, objective, student.config.vocab_size, tokenizer)  # None: score in-process
   eos_ids = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
@@ -182,6 +181,20 @@ def train(config, workdir: str) -> dict:
   # Versions count loop steps (batches consumed), also across skipped non-finite updates. Sync mode with lag
   # keeps the last staleness_steps + 1 versions' snapshots; without lag each step syncs the version it uses.
   snapshots = SnapshotStore(capacity=rollout.staleness_steps + 1, on=rollout.snapshots_on)
+  # A served teacher's preflight: its scores of the run's first batch against config.teacher's in this process
+  # (the prompt pipeline is rewound after; refused before anything is written).
+  preflight = {}
+  if served is not None and config.served_teacher.preflight != "off":
+    try:
+      first_state = prompts.get_state()
+      first = producer.produce(0, 0, snapshot_of(state.params, 0), next(prompts))
+      prompts.set_state(first_state)
+      preflight = served_lib.preflight(config, served, run.teacher_score, teacher_state, first, served.warn)
+      del first
+    except BaseException:
+      served.close()
+      raise
+
   # Everything above only reads; the workdir is created here, after every input was loaded and checked.
   os.makedirs(workdir, exist_ok=True)
   lock = WorkdirLock(workdir, enabled=distributed.is_main()).acquire()  # a second trainer here exits 2 at once
@@ -249,6 +262,8 @@ def train(config, workdir: str) -> dict:
         produced = Produced(step, version, batch, prompts.get_state())
       last_data_state = produced.data_state
       state, metrics = step_fn(state, produced.batch, teacher_state)
+      if step == start_step:
+        metrics.update(preflight)  # the served teacher's preflight, logged with the first interval
       skip_guard.observe(step + 1, metrics["skipped"])
       metrics["rollout/version_lag"] = step - produced.version
       pending.append(metrics)
@@ -315,24 +330,6 @@ def train(config, workdir: str) -> dict:
       writer.close()
     lock.release()
   return final
-
-
-def _served_teacher(config, objective, vocab_size: int, tokenizer):
-  """The served teacher's client (tokenizer checked against the student's), or None for in-process scoring."""
-  if not config.teacher_endpoint:
-    return None
-  s = config.served_teacher
-  warn = lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)
-  served = ServedTeacher(config.teacher_endpoint, vocab_size=vocab_size,
-                         top_k=objective.top_k if objective.needs_teacher_topk else 0, model=s.model,
-                         rows_per_request=s.rows_per_request, max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
-                         retry_for_s=s.retry_for_s, warn=warn)
-  try:
-    served.check_tokenizer(tokenizer)
-  except BaseException:
-    served.close()
-    raise
-  return served
 
 
 class _SkipGuard:

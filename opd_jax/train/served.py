@@ -1,0 +1,58 @@
+"""The training loop's side of a served teacher (config.teacher_endpoint, opd_jax/serving): connecting, and the
+preflight that compares the served scores of the first batch with config.teacher's own."""
+
+from __future__ import annotations
+
+import sys
+
+import jax.numpy as jnp
+
+from opd_jax.errors import InputError
+from opd_jax.mismatch.metrics import token_metrics
+from opd_jax.serving.client import ServedTeacher
+from opd_jax.train import distributed
+
+
+def connect(config, objective, vocab_size: int, tokenizer):
+  """The served teacher's client (tokenizer checked against the student's), or None for in-process scoring."""
+  if not config.teacher_endpoint:
+    return None
+  s = config.served_teacher
+  warn = lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)
+  served = ServedTeacher(config.teacher_endpoint, vocab_size=vocab_size,
+                         top_k=objective.top_k if objective.needs_teacher_topk else 0, model=s.model,
+                         rows_per_request=s.rows_per_request, max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
+                         retry_for_s=s.retry_for_s, warn=warn)
+  try:
+    served.check_tokenizer(tokenizer)
+  except BaseException:
+    served.close()
+    raise
+  return served
+
+
+def preflight(config, served, teacher_score, teacher_state, batch, warn) -> dict:
+  """k3 of the served teacher's scores of `batch` (the run's first) against config.teacher's in this process, and
+  against a second served scoring; refused (InputError) or warned about above served_teacher.preflight_max_k3."""
+  mask = batch.mask_BxR
+  local = teacher_score(teacher_state, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask).logp_BxR
+  prompt, valid, response, host_mask = distributed.to_host((batch.prompt_BxP, batch.prompt_valid_BxP,
+                                                            batch.response_BxR, mask))
+  again = served.score(prompt, valid, response, host_mask)[0]
+  served_vs_local = token_metrics(batch.teacher_logp_BxR, local, mask)
+  repeat = token_metrics(jnp.asarray(again), batch.teacher_logp_BxR, mask)
+  row = {"teacher/preflight_k3": float(served_vs_local["k3"]),
+         "teacher/preflight_max_abs_logp_diff": float(served_vs_local["max_abs_logp_diff"]),
+         "teacher/preflight_repeat_k3": float(repeat["k3"])}
+  s = config.served_teacher
+  worst = max(row["teacher/preflight_k3"], row["teacher/preflight_repeat_k3"])
+  if worst > s.preflight_max_k3:
+    message = (f"the served teacher at {config.teacher_endpoint} scores the first batch at k3 "
+               f"{row['teacher/preflight_k3']:.3g} from config.teacher in this process (and "
+               f"{row['teacher/preflight_repeat_k3']:.3g} from its own second scoring), above served_teacher.preflight_max_k3={s.preflight_max_k3:g}: it serves "
+               "another model, precision or engine")
+    if s.preflight == "refuse":
+      raise InputError(message + "; serve config.teacher as it is, or raise served_teacher.preflight_max_k3 (or set "
+                       "served_teacher.preflight='warn') to train against it anyway")
+    warn(message)
+  return row
