@@ -29,6 +29,8 @@ _MODEL_NAME = flags.DEFINE_string("model_name", "teacher", "The model name reque
 _MAX_TOP_K = flags.DEFINE_integer("max_top_k", 64, "Largest prompt_logprobs a request may ask for.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "--checkpoint: parameter and compute dtype (float32 | bfloat16).")
 _CHUNK = flags.DEFINE_integer("logits_chunk", 512, "Tokens per vocabulary chunk when scoring (0 = all at once).")
+_DECODED = flags.DEFINE_bool("decoded_tokens", False, "Fill decoded_token in every log-prob entry, as vLLM does "
+                              "(slower, more bytes; the training client does not read it).")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "Dir with tokenizer files for POST /tokenize (default: the "
                                  "checkpoint's, or the config's tokenizer / student dir).")
 
@@ -58,7 +60,7 @@ def serve():
   tokenizer_dir = _TOKENIZER.value or next((d for d in tokenizer_dirs if d and has_tokenizer(d)), None)
   tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
   scorer = Scorer(model, max_top_k=_MAX_TOP_K.value, logits_chunk=_CHUNK.value)
-  app = build_app(scorer, model_name=_MODEL_NAME.value, tokenizer=tokenizer)
+  app = build_app(scorer, model_name=_MODEL_NAME.value, tokenizer=tokenizer, decoded_tokens=_DECODED.value)
   run_server(app, _HOST.value, _PORT.value, announce=f"{source} as {_MODEL_NAME.value!r}")
 
 

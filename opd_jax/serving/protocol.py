@@ -30,8 +30,6 @@ a top-k that is not sorted or has fewer than K entries).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from opd_jax.errors import InputError
@@ -81,53 +79,68 @@ def parse_completions(body, rows: list[list[int]], top_k: int, vocab_size: int, 
       fail(field, f"has {len(entries) if isinstance(entries, list) else type(entries).__name__} entries for a "
                   f"prompt of {len(row)} tokens")
     n = len(row) - 1
-    logp, top_logp, top_ids = np.zeros(n, np.float32), np.zeros((n, top_k), np.float32), np.zeros((n, top_k), np.int32)
+    tokens, values, counts = [], [], []
     for j in range(1, len(row)):
       entry = entries[j]
       if not isinstance(entry, dict):
         fail(f"{field}[{j}]", f"is {type(entry).__name__}, not an object of token id -> logprob")
-      parsed = []
-      for key, value in entry.items():
-        try:
-          token = int(key)
-          value = float(value["logprob"] if isinstance(value, dict) else value)
-        except (TypeError, ValueError, KeyError):
-          fail(f"{field}[{j}][{key!r}]", "is not a token id with a numeric 'logprob'")
-        if not 0 <= token < vocab_size:
-          fail(f"{field}[{j}]", f"names token id {token}, outside the student's vocabulary of {vocab_size}")
-        if not math.isfinite(value) or value > 1e-4:
-          fail(f"{field}[{j}][{key!r}].logprob", f"is {value}: not a finite log-probability")
-        parsed.append((token, value))
-      chosen = dict(parsed)
-      if row[j] not in chosen:
-        fail(f"{field}[{j}]", f"has no entry for the prompt's own token {row[j]}")
-      logp[j - 1] = chosen[row[j]]
-      if top_k:
-        ranked = sorted(parsed, key=lambda tv: -tv[1])[:top_k]
-        if len(ranked) < top_k:
-          fail(f"{field}[{j}]", f"has {len(parsed)} entries, fewer than the {top_k} top log-probs asked for")
-        top_ids[j - 1] = [t for t, _ in ranked]
-        top_logp[j - 1] = [v for _, v in ranked]
+      try:
+        tokens.extend(int(key) for key in entry)
+        values.extend(float(v["logprob"] if isinstance(v, dict) else v) for v in entry.values())
+      except (TypeError, ValueError, KeyError):
+        fail(f"{field}[{j}]", "holds an entry that is not a token id with a numeric 'logprob'")
+      counts.append(len(entry))
+    # Checked and ranked for the whole row at once (numpy): every entry's position, token and log-prob.
+    token_E, value_E = np.asarray(tokens, np.int64), np.asarray(values, np.float64)
+    position_E = np.repeat(np.arange(n), counts)
+    bad = (token_E < 0) | (token_E >= vocab_size)
+    if bad.any():
+      e = int(bad.argmax())
+      fail(f"{field}[{position_E[e] + 1}]", f"names token id {token_E[e]}, outside the student's vocabulary of "
+                                            f"{vocab_size}")
+    bad = ~np.isfinite(value_E) | (value_E > 1e-4)
+    if bad.any():
+      e = int(bad.argmax())
+      fail(f"{field}[{position_E[e] + 1}][{str(token_E[e])!r}].logprob", f"is {value_E[e]}: not a finite "
+                                                                           "log-probability")
+    own_E = token_E == np.asarray(row[1:], np.int64)[position_E]
+    found = np.zeros(n, bool)
+    found[position_E[own_E]] = True
+    if not found.all():
+      j = int(found.argmin()) + 1
+      fail(f"{field}[{j}]", f"has no entry for the prompt's own token {row[j]}")
+    logp = np.zeros(n, np.float32)
+    logp[position_E[own_E]] = value_E[own_E]
+    top_logp, top_ids = np.zeros((n, top_k), np.float32), np.zeros((n, top_k), np.int32)
+    if top_k and n:
+      counts = np.asarray(counts)
+      if (counts < top_k).any():
+        j = int((counts < top_k).argmax()) + 1
+        fail(f"{field}[{j}]", f"has {counts[j - 1]} entries, fewer than the {top_k} top log-probs asked for")
+      order = np.lexsort((-value_E, position_E))  # by position, then most likely first (stable on ties)
+      rank_E = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
+      keep = rank_E < top_k
+      top_ids = token_E[order][keep].reshape(n, top_k).astype(np.int32)
+      top_logp = value_E[order][keep].reshape(n, top_k).astype(np.float32)
     out.append((logp, top_logp, top_ids))
   return out
 
 
 def completions_response(model: str, rows: list[list[int]], logp: list[np.ndarray], top_logp: list[np.ndarray],
                          top_ids: list[np.ndarray], rank: list[np.ndarray], decode=None) -> dict:
-  """The response our server returns for `rows` (the same fields vLLM returns, `decode(id)` -> text or None)."""
+  """The response our server returns for `rows`: vLLM's fields; `decode(id)` -> text fills decoded_token (None:
+  null, as the client never reads it)."""
+  name = (lambda t: None) if decode is None else decode
   choices = []
   for i, row in enumerate(rows):
     entries = [None]
-    for j in range(1, len(row)):
-      entry = {}
-      for token, value, r in zip(top_ids[i][j - 1], top_logp[i][j - 1], range(1, len(top_ids[i][j - 1]) + 1)):
-        entry[str(int(token))] = {"logprob": float(value), "rank": r, "decoded_token": decode(int(token)) if decode
-                                  else None}
-      own = str(int(row[j]))
+    ids_NxK, values_NxK, own_rank = top_ids[i].tolist(), top_logp[i].tolist(), rank[i].tolist()
+    for j, (ids, values, own_value) in enumerate(zip(ids_NxK, values_NxK, logp[i].tolist()), start=1):
+      entry = {str(t): {"logprob": v, "rank": r, "decoded_token": name(t)}
+               for r, (t, v) in enumerate(zip(ids, values), start=1)}
+      own = str(row[j])
       if own not in entry:
-        own_rank = int(rank[i][j - 1])
-        entry[own] = {"logprob": float(logp[i][j - 1]), "rank": own_rank if own_rank > 0 else None,
-                      "decoded_token": decode(int(row[j])) if decode else None}
+        entry[own] = {"logprob": own_value, "rank": own_rank[j - 1] or None, "decoded_token": name(row[j])}
       entries.append(entry)
     choices.append({"index": i, "text": "", "logprobs": None, "finish_reason": "length", "prompt_logprobs": entries,
                     "prompt_token_ids": [int(t) for t in row]})
