@@ -95,7 +95,7 @@ def _kill_after_step(server, workdir: str, step: int, trainer) -> None:
 
 @pytest.mark.slow
 def test_a_killed_server_restarted_loses_no_step_and_one_not_restarted_stops_the_run(tmp_path):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
+  env = servers.ENV
   # 1. Killed after step 3, back 3 s later on the same port: the run waits, warns once, finishes every step.
   server, url = servers.start(["launch/serve_teacher.py", "--config=configs/pair1.py", "--port=0"])
   port = url.split(":")[-1].split("/")[0]
