@@ -64,6 +64,16 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # preflight_max_k3: "refuse" stops the run before its first update (exit 2), "warn" warns; "off" skips it.
   c.served_teacher.preflight = "refuse"
   c.served_teacher.preflight_max_k3 = 1e-4  # float32 noise between two XLA programs is ~1e-9; bf16 serving ~1e-4
+  # Multi-teacher OPD (opd_jax/train/teachers.py): teachers besides config.teacher, by name, each a dict
+  # {"checkpoint": HF dir, "endpoint": "" (scored in this process) or a served teacher's URL}; {} = config.teacher
+  # scores every prompt. A prompt is scored by the teacher its JSONL row names in "teacher", else by the first of
+  # routing.rules whose regex is found in its text, else by config.teacher. Every teacher shares the student's
+  # tokenizer; objectives train on the teachers' log-probs / top-k (an exact one becomes top-k over a small
+  # vocabulary). Example: configs/multi_teacher.py.
+  c.teachers = ml_collections.ConfigDict()
+  c.routing = ml_collections.ConfigDict()
+  c.routing.teacher_name = "teacher"  # config.teacher's name in routes, JSONL "teacher" fields and metrics
+  c.routing.rules = ()  # ordered ((regex searched in the prompt text, teacher name), ...); first match routes
   # Mixed precision. The learner keeps float32 master params and optimizer state; compute may be bfloat16
   # (real scale: halves activation memory, ~2x matmul speed on GPU/TPU). The LM head always accumulates and
   # returns float32 logits. The embedded pairs compute in float32: CPU bfloat16 matmuls are emulated and slow,

@@ -43,7 +43,7 @@ def serve():
   from opd_jax.models.tokenizer import has_tokenizer
   from opd_jax.serving.server import Scorer, build_app, serve as run_server
   from opd_jax.train.config_checks import pair_vocab
-  from opd_jax.train.loop import load_model
+  from opd_jax.train.load import load_model
 
   if (_CONFIG.value is None) == (_CHECKPOINT.value is None):
     raise InputError("give exactly one of --config (serve its teacher) or --checkpoint (an HF dir)")

@@ -57,6 +57,8 @@ CASES = [
     ("train_teacher_endpoint", *TRAIN, "--config.teacher_endpoint=localhost:8000", "is not an http(s) URL"),
     ("train_served_preflight", *TRAIN, "--config.teacher_endpoint=http://127.0.0.1:9/v1",
      "--config.served_teacher.preflight=maybe", "served_teacher.preflight must be one of"),
+    ("train_second_teacher", "launch/train.py", "--config=configs/multi_teacher.py:runlocal", "--workdir={d}/run",
+     "--config.teachers.pair3.checkpoint={d}/none", "does not exist"),
     # serve_teacher.py
     ("serve_no_model", "launch/serve_teacher.py", "give exactly one of --config"),
     ("serve_bad_port", "launch/serve_teacher.py", "--checkpoint={teacher}", "--port=70000", "--port in 0..65535"),

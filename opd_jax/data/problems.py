@@ -13,7 +13,8 @@ from opd_jax.errors import InputError
 def load_jsonl(path: str) -> list[Problem]:
   """Reads a JSONL problem set. Each line is an object with a string "prompt"; "answer" (a string or number) is
   optional, since OPD needs none: only rows with one are graded, by their "grader" (default "final_answer",
-  see opd_jax.data.grader). An optional "solution" is the reference response for supervised warm-up."""
+  see opd_jax.data.grader). An optional "solution" is the reference response for supervised warm-up, and an
+  optional "teacher" names the teacher that scores the prompt in a multi-teacher run (opd_jax/train/teachers.py)."""
   if not os.path.isfile(path):
     raise InputError(f"problem file {path!r} does not exist (expected JSONL with prompt/answer fields)")
   problems = []
@@ -38,8 +39,12 @@ def load_jsonl(path: str) -> list[Problem]:
     grader = row.get("grader", "final_answer")
     if grader not in GRADERS:
       raise InputError(f"{path}:{line_no}: 'grader' must be one of {', '.join(GRADERS)}, got {grader!r}")
+    teacher = row.get("teacher", "")
+    if not isinstance(teacher, str):
+      raise InputError(f"{path}:{line_no}: 'teacher' must be a teacher's name (a string), got "
+                       f"{type(teacher).__name__}")
     problems.append(Problem(prompt=row["prompt"], answer=None if answer is None else str(answer),
-                            solution=str(row.get("solution", "")), grader=grader))
+                            solution=str(row.get("solution", "")), grader=grader, teacher=teacher))
   if not problems:
     raise InputError(f"problem file {path!r} has no problems")
   return problems

@@ -27,6 +27,7 @@ class Problem:
   answer: str | None  # the final answer, as the grader compares it; None = an open prompt (OPD needs none)
   solution: str = ""  # the worked reference solution (what a supervised model is trained to write)
   grader: str = "final_answer"  # how `answer` is checked: see opd_jax.data.grader.GRADERS
+  teacher: str = ""  # multi-teacher runs: the teacher that scores this prompt ("" = routed by rule or default)
 
 
 @dataclasses.dataclass(frozen=True)

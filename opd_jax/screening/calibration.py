@@ -26,7 +26,7 @@ from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
 from opd_jax.train.config_checks import pair_vocab
-from opd_jax.train.loop import load_model
+from opd_jax.train.load import load_model
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.serving.client import check_endpoint
+from opd_jax.train.teachers import check_teachers, teacher_specs
 
 MODES = ("sync", "async")
 EVAL_WEIGHTS = ("learner", "sampler")  # train.eval_weights: what the evaluation decodes with
@@ -89,6 +90,7 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
                        f"{rollout.max_new_tokens} exceeds the {role}'s max_position_embeddings "
                        f"{model.max_position_embeddings}; shorten one of them")
   vocab = pair_vocab(config, teacher, student)
+  objective = check_teachers(config, objective, vocab, config.data.max_prompt_tokens + rollout.max_new_tokens)
   objective = check_served_teacher(config, rollout, objective, vocab.vocab_size)
   if config.train.export_dtype not in ("", "float32", "bfloat16"):
     raise InputError(f"train.export_dtype must be 'float32', 'bfloat16' or '' (no export), got "
@@ -104,15 +106,17 @@ def check_served_teacher(config, rollout: RolloutConfig, objective: ObjectiveCon
                          vocab_size: int) -> ObjectiveConfig:
   """The objective the run trains with: with a served teacher (config.teacher_endpoint), which sends log-probs of
   the raw logits and top-k only, to one process, an exact vocabulary objective becomes its top-k form over the
-  whole vocabulary (ObjectiveConfig.over_the_wire), for small vocabularies only."""
-  if not config.teacher_endpoint:
+  whole vocabulary (ObjectiveConfig.over_the_wire), for small vocabularies only. The same checks hold where any
+  teacher of a multi-teacher run (config.teachers) is served."""
+  endpoints = [spec.endpoint for spec in teacher_specs(config) if spec.endpoint]
+  if not endpoints:
     return objective
-  check_endpoint(config.teacher_endpoint)
+  for endpoint in endpoints:
+    check_endpoint(endpoint)
   if objective.needs_teacher_hidden and vocab_size > FULL_VOCAB_OVER_THE_WIRE:
     raise InputError(f"objective.name={objective.name!r} needs the teacher's whole distribution, which a served "
                      f"teacher would send as {vocab_size} log-probs per token (only up to "
-                     f"{FULL_VOCAB_OVER_THE_WIRE}); use reverse_kl_pg or a *_topk objective with "
-                     "config.teacher_endpoint")
+                     f"{FULL_VOCAB_OVER_THE_WIRE}); use reverse_kl_pg or a *_topk objective with a served teacher")
   if rollout.temperature != 1.0 or (objective.needs_teacher_topk and objective.temperature != 1.0):
     raise InputError(f"rollout.temperature={rollout.temperature:g} / objective.temperature="
                      f"{objective.temperature:g}: a served teacher's log-probs are of its raw logits (temperature 1, "

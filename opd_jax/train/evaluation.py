@@ -90,7 +90,7 @@ class Responses:
 def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
              batch_size: int, key: jax.Array, use_chat_template: bool = False, put: Callable = lambda x: x,
              kl_fn=None, teacher_state=None, keep: Responses | None = None, sampler_state=None,
-             put_sampler: Callable | None = None) -> dict[str, float]:
+             put_sampler: Callable | None = None, routes=None, teachers_kl=None) -> dict[str, float]:
   """Accuracy (over the problems with an answer), mean response tokens and, given kl_fn (a `make_kl_fn`
   function, called with `state` and `teacher_state`), its token mean as "kl".
 
@@ -98,8 +98,13 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
   places each input batch (e.g. onto a sharded mesh). `keep` collects the responses and texts. With
   `sampler_state` and `put_sampler` the sampler decodes with those weights and placement (the rollout engine's
   mesh) and its responses come back through the host onto `put`'s placement for kl_fn and `keep`.
+  Multi-teacher runs: `routes` (each problem's teacher) and `teachers_kl` ([(kl_fn, teacher_state)] per teacher)
+  measure each problem's KL to its own teacher instead; "kl_by_teacher" maps each teacher with held-out tokens
+  (its index) to its token mean.
   """
-  correct, lengths, kl_sum, kl_count = [], [], 0.0, 0.0
+  correct, lengths = [], []
+  teachers_kl = teachers_kl or ([(kl_fn, teacher_state)] if kl_fn is not None else [])
+  kl_sums, kl_counts = np.zeros(len(teachers_kl)), np.zeros(len(teachers_kl))
   for start in range(0, len(problems), batch_size):
     chunk = problems[start:start + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
@@ -116,9 +121,14 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
       out = sampler(sampler_state, put_sampler(host_prompts), put_sampler(host_valid), sub)
       tokens, host_mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
       response, mask = put(np.asarray(tokens)), put(np.asarray(host_mask) * weight)
-    if kl_fn is not None:
-      total, count = kl_fn(state, teacher_state, prompts, valid, response, mask)
-      kl_sum, kl_count = kl_sum + float(total), kl_count + float(count)
+    route = np.zeros(batch_size, np.int64) if routes is None else np.asarray(routes)[
+        [min(i, len(problems) - 1) for i in range(start, start + batch_size)]]
+    for n, (fn, teacher) in enumerate(teachers_kl):
+      if not np.any(route[:len(chunk)] == n):
+        continue
+      mine = mask if len(teachers_kl) == 1 else mask * put((route == n).astype(np.float32)[:, None])
+      total, count = fn(state, teacher, prompts, valid, response, mine)
+      kl_sums[n], kl_counts[n] = kl_sums[n] + float(total), kl_counts[n] + float(count)
     texts = decode_responses(tokenizer, tokens, host_mask)[:len(chunk)]
     correct += [ok for ok in (grade(t, p) for t, p in zip(texts, chunk)) if ok is not None]
     lengths += list(np.asarray(host_mask).sum(1)[:len(chunk)])
@@ -128,8 +138,10 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
   result = {"response_tokens": float(np.mean(lengths))}
   if correct:
     result["accuracy"] = float(np.mean(correct))
-  if kl_fn is not None:
-    result["kl"] = kl_sum / max(kl_count, 1.0)
+  if teachers_kl:
+    result["kl"] = float(kl_sums.sum() / max(kl_counts.sum(), 1.0))
+  if len(teachers_kl) > 1:
+    result["kl_by_teacher"] = {n: float(t / c) for n, (t, c) in enumerate(zip(kl_sums, kl_counts)) if c}
   return result
 
 

@@ -14,38 +14,26 @@ from flax import nnx
 
 from opd_jax.data.problems import get_problems
 from opd_jax.data.task import ArithmeticTask, Problem
-from opd_jax.errors import InputError, TrainingStopped
-from opd_jax.models import load_pretrained, load_tokenizer
+from opd_jax.errors import InputError
+from opd_jax.models import load_tokenizer
 from opd_jax.models import sharding as shard_lib
-from opd_jax.models.finite import check_finite
-from opd_jax.models.tokenizer_compat import PairVocab
 from opd_jax.rollout import placement
 from opd_jax.rollout.snapshots import SnapshotStore
 from opd_jax.train import distributed, evaluation, programs
 from opd_jax.train import served as served_lib
+from opd_jax.train import teachers as teachers_lib
 from opd_jax.train.config_checks import check_config, check_workdir, response_group
 from opd_jax.train.checkpointing import Checkpointer
 from opd_jax.train.data import PromptPipeline
 from opd_jax.train.export import export_student
+from opd_jax.train.load import load_model
 from opd_jax.train.logging import MetricsWriter
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.preemption import Preemption
 from opd_jax.train.rollouts import AsyncRollouts, Produced, RolloutProducer
+from opd_jax.train.skip_guard import SkipGuard
 from opd_jax.train.step import TrainState
 from opd_jax.train.workdir_lock import WorkdirLock
-
-def load_model(config, role: str, mesh=None, vocab: PairVocab | None = None):
-  """The config's teacher or student (role), in its param / compute dtypes with the config's model options,
-  each tensor placed straight onto its shards of `mesh` when given; with `vocab`, a model with a padded
-  vocabulary keeps only the pair's common rows."""
-  sharding_for = shard_lib.loader_shardings(mesh) if mesh is not None else None
-  m = config.model
-  model = load_pretrained(config[role], config[f"{role}_param_dtype"], compute_dtype=config[f"{role}_compute_dtype"],
-                          sharding_for=sharding_for, attention=m.attention, remat=m.remat, scan_layers=m.scan_layers,
-                          vocab_size=vocab.slice_to(role) if vocab is not None else None)
-  check_finite(nnx.state(model), config[role])
-  return model
-
 
 def _task(config) -> ArithmeticTask:
   d = config.data
@@ -117,6 +105,23 @@ def train(config, workdir: str) -> dict:
                        compute_dtype=student.dtype)
   state = jax.device_put(state, run.state_shardings)
   step_fn, weight_sync = run.train_step, run.weight_sync
+  # Multi-teacher runs (config.teachers; opd_jax/train/teachers.py): every prompt is scored by its own teacher.
+  routed, routes = None, {}
+  if teachers_lib.is_multi(config):
+    main = teachers_lib.RoutedTeacher(config.routing.teacher_name, teacher_graphdef, teacher_state,
+                                      run.teacher_score, served, run.eval_reverse_kl)
+    try:
+      routed = teachers_lib.connect(config, main, student_graphdef=graphdef, settings=settings, objective=objective,
+                                    tokenizer=tokenizer, mesh=mesh, put_batch=put_batch,
+                                    load=lambda path, own: load_model(config, "teacher", mesh, own, path))
+      routes = {"train": teachers_lib.route_problems(config, train_problems, "training"),
+                "heldout": teachers_lib.route_problems(config, heldout, "held-out")}
+    except BaseException:
+      if served is not None:
+        served.close()
+      if routed is not None:
+        routed.close()
+      raise
   producer = RolloutProducer(student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
                              teacher_state=teacher_state, rollout=rollout, sampler=run.sampler, objective=objective,
                              put_batch=put_batch, put_sampler_batch=put_sampler_batch, learner_rows=batch_sharding,
@@ -124,7 +129,7 @@ def train(config, workdir: str) -> dict:
                              reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems)
                              if objective.prompts_per_batch_divisor > 1 else None, group_size=group,
                              teacher_score=run.teacher_score, student_score=run.student_score,
-                             served_teacher=served)
+                             served_teacher=served, teachers=routed, routes=routes.get("train"))
   # Split the mismatch into precision/noise and staleness factors: score each batch with the dense learner
   # version that generated it too (costs one dense copy per kept version; only when lag and knobs coexist).
   split = rollout.keeps_dense_copies(lagged=rollout.staleness_steps > 0 or t.mode == "async")
@@ -164,10 +169,13 @@ def train(config, workdir: str) -> dict:
       samples += _sample_rows("teacher", heldout[:t.eval_samples], teacher_reference[0].texts)
     for suffix, eval_sampler in eval_samplers.items():
       kept = evaluation.Responses([], []) if not suffix else None
-      result = evaluation.evaluate(eval_sampler, params, tokenizer, heldout, **common, **on_sampler, keep=kept,
-                                   kl_fn=reverse_kl_fn if suffix == "_sampled" else None, teacher_state=teacher_state)
+      kl = {} if suffix != "_sampled" else dict(kl_fn=reverse_kl_fn, teacher_state=teacher_state) if routed is None \
+          else dict(routes=routes["heldout"], teachers_kl=[(x.kl_fn, x.state) for x in routed.teachers])
+      result = evaluation.evaluate(eval_sampler, params, tokenizer, heldout, **common, **on_sampler, keep=kept, **kl)
       if "kl" in result:
         row["eval/reverse_kl"] = result.pop("kl")
+      for n, value in result.pop("kl_by_teacher", {}).items():  # each held-out prompt against its own teacher
+        row[f"eval/teachers/{routed.names[n]}/reverse_kl"] = value
       row.update({f"eval/{k}{suffix}": v for k, v in result.items()})
       if kept is not None:
         samples += _sample_rows("student", heldout[:t.eval_samples], kept.texts)
@@ -184,15 +192,20 @@ def train(config, workdir: str) -> dict:
   # A served teacher's preflight: its scores of the run's first batch against config.teacher's in this process
   # (the prompt pipeline is rewound after; refused before anything is written).
   preflight = {}
-  if served is not None and config.served_teacher.preflight != "off":
+  clients = [(x.name, x.served, x.score, x.state) for x in routed.teachers] if routed is not None else [
+      ("", served, run.teacher_score, teacher_state)]
+  clients = [c for c in clients if c[1] is not None]  # (name, client, in-process scoring, state) of served ones
+  if clients and config.served_teacher.preflight != "off":
     try:
       first_state = prompts.get_state()
       first = producer.produce(0, 0, snapshot_of(state.params, 0), next(prompts))
       prompts.set_state(first_state)
-      preflight = served_lib.preflight(config, served, run.teacher_score, teacher_state, first, served.warn)
+      for name, client, score, scored_state in clients:
+        preflight.update(served_lib.preflight(config, client, score, scored_state, first, client.warn, name))
       del first
     except BaseException:
-      served.close()
+      for _, client, _, _ in clients:
+        client.close()
       raise
 
   # Everything above only reads; the workdir is created here, after every input was loaded and checked.
@@ -227,8 +240,8 @@ def train(config, workdir: str) -> dict:
 
     writer = MetricsWriter(workdir, resume_step=resume_step, total_steps=t.steps, progress_bar=t.progress_bar,
                            enabled=distributed.is_main())
-    if served is not None:
-      served.warn = writer.warn  # outage warnings above the progress bar
+    for _, client, _, _ in clients:
+      client.warn = writer.warn  # outage warnings above the progress bar
     if distributed.is_main():
       _write_run_info(workdir, config)
     final = {}
@@ -248,7 +261,7 @@ def train(config, workdir: str) -> dict:
     def train_s(now: float) -> float:
       """time/train_s: wall-clock of the loop, evaluations excluded, summed over the run's (re)starts."""
       return train_s_before + now - loop_start - eval_seconds
-    skip_guard = _SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
+    skip_guard = SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     for step in range(start_step, t.steps):
       if asynchronous is not None:
         produced = asynchronous.get()
@@ -283,9 +296,10 @@ def train(config, workdir: str) -> dict:
         row["perf/tokens_per_s"] = float(interval_tokens) / elapsed
         row["learning_rate"] = float(schedule(int(state.step) - 1))  # what the interval's last update used
         row["data/prompts_truncated"] = last_data_state["truncated"]  # cut to data.max_prompt_tokens so far
-        if served is not None:  # request + response bytes per scored token so far, and outages survived
-          row["teacher/wire_bytes_per_token"] = served.wire_bytes_per_token()
-          row["teacher/outages"] = served.outages
+        for name, client, _, _ in clients:  # request + response bytes per scored token so far, outages survived
+          prefix = f"teachers/{name}/" if name else "teacher/"
+          row[prefix + "wire_bytes_per_token"] = client.wire_bytes_per_token()
+          row[prefix + "outages"] = client.outages
         if last_data_state["truncated"] and not warned_truncation:
           warned_truncation = True
           writer.warn(f"{last_data_state['truncated']} of {last_data_state['prompts_drawn']} prompts so far were "
@@ -324,43 +338,14 @@ def train(config, workdir: str) -> dict:
       asynchronous.close()
     if served is not None:
       served.close()
+    if routed is not None:
+      routed.close()
     if checkpointer is not None:
       checkpointer.close()
     if writer is not None:
       writer.close()
     lock.release()
   return final
-
-
-class _SkipGuard:
-  """Counts consecutive skipped (non-finite) updates, warns on each, and stops the run at `limit` in a row.
-
-  A skipped update leaves the state as it was. Each step's flag is read one step late, after the next step was
-  dispatched, so the host never waits on the step it just launched.
-  """
-
-  def __init__(self, limit: int, warn, checkpoint_dir: str):
-    self.limit, self.warn, self.checkpoint_dir = limit, warn, checkpoint_dir
-    self.in_a_row, self._pending = 0, None
-
-  def observe(self, step: int, skipped: jax.Array) -> None:
-    self.flush()
-    self._pending = (step, skipped)
-
-  def flush(self) -> None:
-    if self._pending is None:
-      return
-    (step, skipped), self._pending = self._pending, None
-    if not float(skipped):
-      self.in_a_row = 0
-      return
-    self.in_a_row += 1
-    self.warn(f"step {step} skipped: non-finite loss or gradient ({self.in_a_row} in a row; the run stops at "
-              f"train.max_skipped_steps={self.limit})")
-    if self.in_a_row >= self.limit:
-      raise TrainingStopped(f"{self.in_a_row} consecutive steps (up to step {step}) had a non-finite loss or "
-                            f"gradient and were skipped; the last good checkpoint is kept in {self.checkpoint_dir}. "
-                            "Lower optimizer.learning_rate or check the data")
 
 
 def _sample_rows(model: str, problems: list[Problem], texts: list[str]) -> list[dict]:

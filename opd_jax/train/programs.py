@@ -44,6 +44,7 @@ class RunSettings:
   pad_id: int
   eval_sampled: bool  # evaluation also samples at temperature 1 (and measures the reverse KL there)
   eval_weights: str = "learner"  # evaluation decodes with: learner (learner mesh) | sampler (synced, sampler mesh)
+  teacher_names: tuple[str, ...] = ()  # multi-teacher runs: the teachers, in route order (per-teacher metrics)
 
   @classmethod
   def from_config(cls, config, rollout: RolloutConfig, objective: ObjectiveConfig, *, vocab_size: int,
@@ -53,8 +54,9 @@ class RunSettings:
     a chunk stays logits_chunk tokens at any batch size and device count."""
     t = config.train
     top_k = vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
+    names = (config.routing.teacher_name, *config.teachers.keys()) if len(config.teachers) else ()
     return cls(rollout, objective, t.logits_chunk * batch_shards, t.micro_batch_size, top_k, group_size,
-               tuple(eos_ids), pad_id, bool(t.eval_sampled), t.eval_weights)
+               tuple(eos_ids), pad_id, bool(t.eval_sampled), t.eval_weights, tuple(names))
 
 
 def _scoring(graphdef, micro_batch_size: int, mesh: Mesh | None = None, **options):
@@ -88,7 +90,8 @@ def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTran
   micro = settings.micro_batch_size if micro_batch_size is None else micro_batch_size
   fn = functools.partial(train_step, graphdef, optimizer, settings.objective, settings.rollout.temperature,
                          settings.objective.is_cap, teacher_graphdef=teacher_graphdef,
-                         logits_chunk=settings.logits_chunk, micro_batch_size=micro)
+                         logits_chunk=settings.logits_chunk, micro_batch_size=micro,
+                         teacher_names=settings.teacher_names)
   return jax.jit(shard_lib.with_activations_on(mesh, fn),
                  in_shardings=(state_shardings, shard_lib.batch_sharding(mesh), teacher_shardings),
                  out_shardings=(state_shardings, shard_lib.replicated(mesh)), donate_argnums=(0,))

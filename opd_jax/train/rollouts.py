@@ -50,7 +50,7 @@ class RolloutProducer:
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
                objective: ObjectiveConfig, put_batch, put_sampler_batch=None, learner_rows=None, seed: int,
                logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1,
-               teacher_score=None, student_score=None, served_teacher=None):
+               teacher_score=None, student_score=None, served_teacher=None, teachers=None, routes=None):
     """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
     learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
     sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when
@@ -59,7 +59,9 @@ class RolloutProducer:
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO).
     teacher_score / student_score: the scoring programs when already built (opd_jax.train.programs builds them
     either way). served_teacher: an opd_jax.serving.client.ServedTeacher that scores instead of teacher_score (its
-    log-probs and top-k come back through the host onto the learner's batch layout)."""
+    log-probs and top-k come back through the host onto the learner's batch layout).
+    teachers / routes: a multi-teacher run's opd_jax.train.teachers.RoutedScoring and each training problem's
+    teacher (int [problems]); they score instead of the two above."""
     if sampler.config.samples_per_prompt != group_size:
       raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches "
                        f"come in groups of {group_size}")
@@ -67,6 +69,7 @@ class RolloutProducer:
     self.put_sampler_batch, self.learner_rows = put_sampler_batch or put_batch, learner_rows
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state, self.served_teacher = teacher_state, served_teacher
+    self.teachers, self.routes = teachers, routes
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
                                                                     rollout.temperature, logits_chunk)
@@ -84,7 +87,11 @@ class RolloutProducer:
       out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    if self.served_teacher is None:
+    route_BxN = None
+    if self.teachers is not None:  # each row by its own teacher
+      teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN,
+                                               self.routes[prompts["index_B"]])
+    elif self.served_teacher is None:
       teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
     else:  # over the wire: the host's tokens in, per-token log-probs (and top-k) back onto the learner's rows
       tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
@@ -100,7 +107,8 @@ class RolloutProducer:
     return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher.logp_BxR,
                         teacher_hidden_BxRxD=teacher.hidden_BxRxD, teacher_top_logprobs_BxRxK=teacher.top_logp_BxRxK,
                         teacher_top_ids_BxRxK=teacher.top_ids_BxRxK, sampler_top_logprobs_BxRxK=out.top_logprobs_BxNxK,
-                        sampler_top_ids_BxRxK=out.top_ids_BxNxK, snapshot_logp_BxR=snapshot_logp, reward_B=reward)
+                        sampler_top_ids_BxRxK=out.top_ids_BxNxK, snapshot_logp_BxR=snapshot_logp, reward_B=reward,
+                        teacher_route_BxN=route_BxN)
 
 
 class AsyncRollouts:

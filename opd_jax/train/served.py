@@ -13,13 +13,15 @@ from opd_jax.serving.client import ServedTeacher
 from opd_jax.train import distributed
 
 
-def connect(config, objective, vocab_size: int, tokenizer):
-  """The served teacher's client (tokenizer checked against the student's), or None for in-process scoring."""
-  if not config.teacher_endpoint:
+def connect(config, objective, vocab_size: int, tokenizer, endpoint: str | None = None):
+  """The served teacher's client (tokenizer checked against the student's), or None for in-process scoring.
+  endpoint: a multi-teacher run's other teacher (default config.teacher_endpoint)."""
+  endpoint = config.teacher_endpoint if endpoint is None else endpoint
+  if not endpoint:
     return None
   s = config.served_teacher
   warn = lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)
-  served = ServedTeacher(config.teacher_endpoint, vocab_size=vocab_size,
+  served = ServedTeacher(endpoint, vocab_size=vocab_size,
                          top_k=objective.top_k if objective.needs_teacher_topk else 0, model=s.model,
                          rows_per_request=s.rows_per_request, max_in_flight=s.max_in_flight, timeout_s=s.timeout_s,
                          retry_for_s=s.retry_for_s, warn=warn)
@@ -31,28 +33,29 @@ def connect(config, objective, vocab_size: int, tokenizer):
   return served
 
 
-def preflight(config, served, teacher_score, teacher_state, batch, warn) -> dict:
-  """k3 of the served teacher's scores of `batch` (the run's first) against config.teacher's in this process, and
-  against a second served scoring; refused (InputError) or warned about above served_teacher.preflight_max_k3."""
+def preflight(config, served, teacher_score, teacher_state, batch, warn, name: str = "") -> dict:
+  """k3 of the served teacher's scores of `batch` (the run's first, every row) against its checkpoint's in this
+  process, and between two served scorings; refused (InputError) or warned about above
+  served_teacher.preflight_max_k3. name: a multi-teacher run's teacher (metrics teachers/<name>/preflight_*;
+  "" = config.teacher, teacher/preflight_*)."""
   mask = batch.mask_BxR
   local = teacher_score(teacher_state, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask).logp_BxR
-  prompt, valid, response, host_mask = distributed.to_host((batch.prompt_BxP, batch.prompt_valid_BxP,
-                                                            batch.response_BxR, mask))
-  again = served.score(prompt, valid, response, host_mask)[0]
-  served_vs_local = token_metrics(batch.teacher_logp_BxR, local, mask)
-  repeat = token_metrics(jnp.asarray(again), batch.teacher_logp_BxR, mask)
-  row = {"teacher/preflight_k3": float(served_vs_local["k3"]),
-         "teacher/preflight_max_abs_logp_diff": float(served_vs_local["max_abs_logp_diff"]),
-         "teacher/preflight_repeat_k3": float(repeat["k3"])}
+  host = distributed.to_host((batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask))
+  first, again = (jnp.asarray(served.score(*host)[0]) for _ in range(2))
+  served_vs_local = token_metrics(first, local, mask)
+  repeat = token_metrics(again, first, mask)
+  prefix = f"teachers/{name}/" if name else "teacher/"
+  k3, repeat_k3 = float(served_vs_local["k3"]), float(repeat["k3"])
+  row = {prefix + "preflight_k3": k3, prefix + "preflight_max_abs_logp_diff":
+         float(served_vs_local["max_abs_logp_diff"]), prefix + "preflight_repeat_k3": repeat_k3}
   s = config.served_teacher
-  worst = max(row["teacher/preflight_k3"], row["teacher/preflight_repeat_k3"])
-  if worst > s.preflight_max_k3:
-    message = (f"the served teacher at {config.teacher_endpoint} scores the first batch at k3 "
-               f"{row['teacher/preflight_k3']:.3g} from config.teacher in this process (and "
-               f"{row['teacher/preflight_repeat_k3']:.3g} from its own second scoring), above served_teacher.preflight_max_k3={s.preflight_max_k3:g}: it serves "
+  if max(k3, repeat_k3) > s.preflight_max_k3:
+    message = (f"the served teacher at {served.endpoint} scores the first batch at k3 {k3:.3g} from "
+               f"{'teacher ' + repr(name) if name else 'config.teacher'} in this process (and {repeat_k3:.3g} from "
+               f"its own second scoring), above served_teacher.preflight_max_k3={s.preflight_max_k3:g}: it serves "
                "another model, precision or engine")
     if s.preflight == "refuse":
-      raise InputError(message + "; serve config.teacher as it is, or raise served_teacher.preflight_max_k3 (or set "
-                       "served_teacher.preflight='warn') to train against it anyway")
+      raise InputError(message + "; serve that checkpoint as it is, or raise served_teacher.preflight_max_k3 (or "
+                       "set served_teacher.preflight='warn') to train against it anyway")
     warn(message)
   return row

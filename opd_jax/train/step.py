@@ -64,10 +64,23 @@ class RolloutBatch:
   sampler_top_ids_BxRxK: jax.Array | None = None
   snapshot_logp_BxR: jax.Array | None = None
   reward_B: jax.Array | None = None  # grader reward of each response (grpo; rows grouped by prompt)
+  teacher_route_BxN: jax.Array | None = None  # multi-teacher runs: one-hot float of each row's teacher
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
   return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+
+def _per_teacher(names: tuple[str, ...], learner_logp_BxR, teacher_logp_BxR, mask_BxR, route_BxN) -> dict:
+  """Per teacher of a routed batch, over its rows' tokens: k1 and k3 estimates of KL(student || teacher) (the
+  learner's log-probs against the teacher's, at the sampled tokens) and the token count."""
+  out = {}
+  for n, name in enumerate(names):
+    mine_BxR = mask_BxR * route_BxN[:, n:n + 1]
+    kl = token_metrics(teacher_logp_BxR, learner_logp_BxR, mine_BxR)
+    out.update({f"teachers/{name}/reverse_kl": kl["k1"], f"teachers/{name}/k3": kl["k3"],
+                f"teachers/{name}/tokens": jnp.sum(mine_BxR)})
+  return out
 
 
 def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int, teacher,
@@ -107,13 +120,14 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
 def train_step(graphdef, optimizer: optax.GradientTransformation, objective: ObjectiveConfig,
                temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
                teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
-               mismatch_metrics: bool = True):
+               mismatch_metrics: bool = True, teacher_names: tuple[str, ...] = ()):
   """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
 
   teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
   the batch's teacher hidden states into logits chunk by chunk). logits_chunk: tokens (rows x positions) per
   vocabulary chunk (0 = all at once). micro_batch_size: rows per gradient-accumulation micro-batch (0 = the whole
-  batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost).
+  batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost). teacher_names: the
+  teachers of a multi-teacher run, in the order of the batch's teacher_route_BxN columns (per-teacher metrics).
   """
   mask = batch.mask_BxR
   B = mask.shape[0]
@@ -185,6 +199,9 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
     metrics["opd/zero_advantage_fraction"] = jnp.mean((jnp.abs(advantage_B) < 1e-3).astype(jnp.float32))
   if batch.reward_B is not None:
     metrics["rollout/reward"] = jnp.mean(batch.reward_B)
+  if batch.teacher_route_BxN is not None:
+    metrics.update(_per_teacher(teacher_names, learner_logp_BxR, batch.teacher_logp_BxR, mask,
+                                batch.teacher_route_BxN))
   if not mismatch_metrics:
     return new_state, metrics
   metrics.update(_prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)))
