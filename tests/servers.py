@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 
 from opd_jax.serving import processes
 from opd_jax.serving.processes import stop
@@ -12,18 +13,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
 
 
-def start(args: list[str]):
-  """(process, base URL) of `python ARGS` run from the repository."""
-  return processes.start(args, cwd=REPO, env=ENV)
+def start(args: list[str], env: dict | None = None):
+  """(process, base URL) of `python ARGS` run from the repository (in ENV unless `env` is given)."""
+  return processes.start(args, cwd=REPO, env=env or ENV)
 
 
 @contextlib.contextmanager
-def running(args: list[str]):
-  proc, url = start(args)
+def running(args: list[str], env: dict | None = None):
+  proc, url = start(args, env)
   try:
     yield proc, url
   finally:
     stop(proc)
+
+
+def free_port() -> int:
+  """A port of 127.0.0.1 that nothing listens on (just now)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def teacher(*flags: str):

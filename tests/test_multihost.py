@@ -26,6 +26,9 @@ def _start(pair, workdir, devices, *coordinator_processes_id, sigterm_at=None):
   args = [sys.executable, "-m", "tests.multihost_worker", pair["teacher"], pair["student"], str(workdir),
           str(devices), *map(str, coordinator_processes_id)]
   env = dict(os.environ, **({"OPD_JAX_TEST_SIGTERM_AT": str(sigterm_at)} if sigterm_at is not None else {}))
+  # The resumed processes compile what the preempted ones did: one compilation cache for the test's processes.
+  env.update(JAX_COMPILATION_CACHE_DIR=str(os.path.join(os.path.dirname(workdir), "xla_cache")),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

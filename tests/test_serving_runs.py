@@ -1,17 +1,18 @@
-"""Whole runs against a served teacher (real server processes on 127.0.0.1): the in-process run reproduced, and a
-server killed with SIGKILL mid-run, restarted or not."""
+"""Whole runs against a served teacher (real server processes on 127.0.0.1): the in-process run reproduced, a
+server killed with SIGKILL mid-run, restarted or not, and launch/train.py's exit when no teacher answers."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from configs import common
-from opd_jax.errors import InputError
+from opd_jax.errors import InputError, TrainingStopped
 from opd_jax.train.loop import train
 from tests import servers
 
@@ -72,69 +73,78 @@ def test_a_served_teacher_that_is_another_model_is_refused_before_anything_is_wr
   assert not os.path.exists(tmp_path / "refused")
 
 
-def _train_command(url: str, workdir: str, *extra: str) -> list[str]:
-  return [sys.executable, "launch/train.py", "--config=configs/pair1.py:runlocal", f"--workdir={workdir}",
-          f"--config.teacher_endpoint={url}", "--config.train.steps=40", "--config.train.log_every=1",
-          "--config.train.eval_every=40", "--config.train.checkpoint_every=2", "--config.train.progress_bar=False",
-          "--config.train.export_dtype=", *extra]
+_STEPS = 12  # enough steps after each kill (at 3 and 5) to show the run going on
 
 
-def _kill_after_step(server, workdir: str, step: int, trainer) -> None:
-  """SIGKILL the server once the trainer has logged `step` (it is then mid-run)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  deadline = time.time() + 300
-  while time.time() < deadline and trainer.poll() is None:
-    if os.path.exists(path) and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line)
-                                    for line in open(path)):
-      os.kill(server.pid, signal.SIGKILL)
-      server.wait(30)
-      return
-    time.sleep(0.05)
-  raise AssertionError(f"the trainer did not reach step {step}")
+def _killer(server, workdir: str, step: int, then=None) -> threading.Thread:
+  """A thread that SIGKILLs the server once the run in `workdir` has logged `step` (it is then mid-run), then
+  calls `then` (a restart)."""
+  def watch():
+    path = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while time.time() < deadline:
+      if os.path.exists(path) and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line)
+                                      for line in open(path)):
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(30)
+        if then is not None:
+          then()
+        return
+      time.sleep(0.05)
+  thread = threading.Thread(target=watch, daemon=True)
+  thread.start()
+  return thread
 
 
 @pytest.mark.slow
-def test_a_killed_server_restarted_loses_no_step_and_one_not_restarted_stops_the_run(tmp_path):
-  env = servers.ENV
+def test_a_killed_server_restarted_loses_no_step_and_one_not_restarted_stops_the_run(tiny_pair, tmp_path, capfd):
+  """The server is a real process killed with SIGKILL mid-run; the trainer runs in this process (the stop's exit
+  code and error line: the next test)."""
+  teacher = ["launch/serve_teacher.py", f"--checkpoint={tiny_pair['teacher']}"]
+  steps = {"train.steps": _STEPS, "train.log_every": 1, "train.eval_every": _STEPS, "train.checkpoint_every": 2}
   # 1. Killed after step 3, back 3 s later on the same port: the run waits, warns once, finishes every step.
-  server, url = servers.start(["launch/serve_teacher.py", "--config=configs/pair1.py", "--port=0"])
+  server, url = servers.start([*teacher, "--port=0"])
   port = url.split(":")[-1].split("/")[0]
+  restarted = []
   workdir = str(tmp_path / "restarted")
-  trainer = subprocess.Popen(_train_command(url, workdir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+  killer = _killer(server, workdir, 3, then=lambda: (time.sleep(3), restarted.append(
+      servers.start([*teacher, f"--port={port}"])[0])))
   try:
-    _kill_after_step(server, workdir, 3, trainer)
-    time.sleep(3)
-    server, _ = servers.start(["launch/serve_teacher.py", "--config=configs/pair1.py", f"--port={port}"])
-    _, stderr = trainer.communicate(timeout=600)
+    capfd.readouterr()
+    train(_config(tiny_pair, teacher_endpoint=url, **steps), workdir)
+    killer.join(60)
+    warnings = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: served teacher")]
+    assert len(warnings) == 1 and "is not answering" in warnings[0], warnings
+    rows = _rows(workdir)
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, _STEPS + 1)) and rows[-1]["eval/accuracy"] >= 0
+    assert max(r["teacher/outages"] for r in rows if "loss" in r) == 1
+    # 2. Killed and not restarted within served_teacher.retry_for_s: the run stops (TrainingStopped: one error
+    #    line and exit 1 in launch/train.py), the checkpoint kept; the same run resumes once a server is back.
+    workdir = str(tmp_path / "stopped")
+    config = _config(tiny_pair, teacher_endpoint=url, **steps, **{"served_teacher.retry_for_s": 3.0})
+    killer = _killer(restarted[0], workdir, 5)
+    with pytest.raises(TrainingStopped, match=r"has not answered for \d+ s .* rerun the same command to resume"):
+      train(config, workdir)
+    killer.join(60)
+    saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert saved and saved[-1] >= 4
+    with servers.running([*teacher, f"--port={port}"]):
+      train(config, workdir)
+    assert [r["step"] for r in _rows(workdir) if "loss" in r][-1] == _STEPS
   finally:
-    trainer.kill()
     servers.stop(server)
-  assert trainer.returncode == 0, stderr
-  warnings = [line for line in stderr.splitlines() if line.startswith("warning: served teacher")]
-  assert len(warnings) == 1 and "is not answering" in warnings[0], stderr
-  rows = _rows(workdir)
-  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 41)) and rows[-1]["eval/accuracy"] >= 0
-  assert max(r["teacher/outages"] for r in rows if "loss" in r) == 1
-  # 2. Killed and not restarted within served_teacher.retry_for_s: one error line, exit 1, the checkpoint kept;
-  #    the same command resumes from it once a server is back.
-  server, url = servers.start(["launch/serve_teacher.py", "--config=configs/pair1.py", "--port=0"])
-  workdir = str(tmp_path / "stopped")
-  command = _train_command(url, workdir, "--config.served_teacher.retry_for_s=3")
-  trainer = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
-  try:
-    _kill_after_step(server, workdir, 5, trainer)
-    _, stderr = trainer.communicate(timeout=600)
-  finally:
-    trainer.kill()
-  assert trainer.returncode == 1, stderr
-  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and "has not answered for" in errors[0] and "rerun the same command" in errors[0]
-  saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
-  assert saved and saved[-1] >= 4
-  port = url.split(":")[-1].split("/")[0]
-  with servers.running(["launch/serve_teacher.py", "--config=configs/pair1.py", f"--port={port}"]):
-    resumed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert resumed.returncode == 0, resumed.stderr
-  assert [r["step"] for r in _rows(workdir) if "loss" in r][-1] == 40
+    for process in restarted:
+      servers.stop(process)
+
+
+def test_an_unreachable_teacher_stops_train_py_with_one_error_line_and_exit_1(tmp_path):
+  """launch/train.py's side of a stop: exit 1, one `error:` line naming the setting, nothing written."""
+  port = servers.free_port()  # nothing listens there
+  result = subprocess.run([sys.executable, "launch/train.py", "--config=configs/pair1.py:runlocal",
+                           f"--workdir={tmp_path / 'run'}", f"--config.teacher_endpoint=http://127.0.0.1:{port}/v1",
+                           "--config.served_teacher.retry_for_s=1"], cwd=REPO, env=servers.ENV,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 1, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "has not answered for" in errors[0] and "retry_for_s=1" in errors[0], result.stderr
+  assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "run")
