@@ -11,7 +11,6 @@ import optax
 import pytest
 from flax import nnx
 
-from opd_jax.models import load_pretrained
 from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives import chunked
 from opd_jax.objectives.logprobs import response_logits, score, token_logprobs

@@ -1,8 +1,5 @@
 """Sensitivity scan, recipe fitting and prefix-shift analysis on a tiny random pair."""
 
-import dataclasses
-
-import jax
 import pytest
 
 from configs import common

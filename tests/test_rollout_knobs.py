@@ -14,7 +14,6 @@ from opd_jax.rollout.noise import add_relative_noise
 from opd_jax.rollout.sampler import Sampler, left_pad
 from opd_jax.rollout.snapshots import SnapshotStore
 from opd_jax.objectives.logprobs import response_logits, token_logprobs
-from tests import checkpoints
 
 EOS, PAD = 2, 0
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [20, 21, 22]]

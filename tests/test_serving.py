@@ -3,7 +3,6 @@
 import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx

@@ -6,7 +6,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest

@@ -47,7 +47,7 @@ def run():
   ks = [k for k in ks if k <= cal.vocab_size]
   rows = measure(cal, ks, config.rollout.max_new_tokens, seed=_SEED.value)
   print(f"{config.pair}: {rows[0]['rows']} responses, {rows[0]['scored_tokens']} tokens, vocabulary {cal.vocab_size}")
-  print(f"| K | bytes / token | loss rel. error | gradient rel. error | gradient cosine |")
+  print("| K | bytes / token | loss rel. error | gradient rel. error | gradient cosine |")
   print("|---|---|---|---|---|")
   for row in rows:
     errors = (f"{row['loss_rel_error']:.2e} | {row['grad_rel_error']:.2e} | {row['grad_cosine']:.5f}"
