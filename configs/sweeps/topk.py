@@ -9,7 +9,7 @@ per token on the wire: launch/bench/topk_transport.py.
   for s in 0 1 2; do python launch/sweep.py --config=configs/sweeps/topk.py:seed=$s \\
       --workdir=runs/sweep_topk_seed$s; done
 
-(results/topk_transport_pair1_seed*.jsonl)
+(copied to results/topk_pair1_seed<S>.jsonl; docs/results.md renders them)
 """
 
 import os

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-from opd_jax.experiments import real_pair_tables
+from opd_jax.experiments import real_pair_tables, serving_tables
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
@@ -227,6 +227,7 @@ def all_tables(results_dir: str) -> dict[str, str]:
   if os.path.exists(host_path):
     tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
   tables.update(real_pair_tables.tables(results_dir))
+  tables.update(serving_tables.tables(results_dir))
   return tables
 
 
@@ -256,6 +257,14 @@ def source_of(title: str) -> str:
     return "results/plans/"
   if title == "host memory":
     return "results/host_rss.jsonl"
+  if title == "served teacher vs in process":
+    return "results/served_teacher.jsonl"
+  if title == "top-k transport":
+    return "results/topk_transport.jsonl"
+  if title.startswith("top-k transport: training"):
+    return "results/topk_pair1_seed*.jsonl"
+  if title == "two teachers, routed per problem":
+    return "results/multi_teacher/metrics.jsonl"
   return "results/smollm2/"
 
 
