@@ -140,3 +140,17 @@ def test_the_pair1_main_run_on_this_release_reaches_what_the_study_says():
          f"{100 * last['eval/accuracy_sampled']:.1f}% sampled, reverse KL {first['eval/reverse_kl']:.3f} -> " \
          f"{last['eval/reverse_kl']:.3f}" in " ".join(_read("docs/study.md").split())
   assert last["eval/accuracy"] >= 0.80
+
+
+def test_the_served_teacher_comparison_is_recomputed_from_the_shipped_runs():
+  """results/served_teacher.jsonl's comparison columns are compare() over the runs' metrics it ships (per mode:
+  results/served_teacher/<name>/metrics.jsonl), so docs/serving.md's agreement claims can be checked."""
+  from opd_jax.bench.served_teacher import compare
+  from opd_jax.experiments.files import read_jsonl
+  served = [r for r in read_jsonl(os.path.join(RESULTS, "served_teacher.jsonl")) if r["teacher"] == "served"]
+  assert {r["mode"] for r in served} == {"sync", "async"}
+  for row in served:
+    runs = os.path.join(RESULTS, "served_teacher")
+    got = compare(os.path.join(runs, row["name"].replace("_served", "_in_process")), os.path.join(runs, row["name"]))
+    assert got == {k: row[k] for k in got}, row["name"]
+  assert {r["mode"]: r["within_tolerance_through_step"] for r in served} == {"sync": 50, "async": 0}

@@ -7,11 +7,13 @@ Per mode, the in-process run and the served run (launch/serve_teacher.py --confi
 127.0.0.1, started once) alternate, so a drift in machine speed hits both; each run is `launch/train.py
 --config=CONFIG` in a process of its own with the compilation cache off. Prints the training time (time/train_s,
 evaluations excluded) of each, their ratio, and the largest difference of any logged value; --out keeps one row
-per run (opd_jax/bench/served_teacher.py). Run it on a quiet machine: it times.
+per run (opd_jax/bench/served_teacher.py) and copies each run's metrics.jsonl to OUT_STEM/<run name>/, so the
+comparison can be recomputed from the shipped files. Run it on a quiet machine: it times.
 """
 
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 
@@ -66,15 +68,20 @@ def run():
   finally:
     processes.stop(server)
   print("| mode | in process: train s (s/step) | served: train s (s/step) | served / in process | "
-        "largest logged difference | accuracy equal |")
-  print("|---|---|---|---|---|---|")
+        "largest logged difference | all within 1e-4 through step | accuracy equal |")
+  print("|---|---|---|---|---|---|---|")
   for local, served in zip(results[::2], results[1::2]):
     print(f"| {local['mode']} | {local['train_s']:.0f} ({local['step_s']:.2f}) | {served['train_s']:.0f} "
           f"({served['step_s']:.2f}) | {served['train_s'] / local['train_s']:.2f}x | "
           f"{served.get('max_abs_difference', float('nan')):.2g} ({served.get('largest_at', '')}) | "
+          f"{served.get('within_tolerance_through_step')} | "
           f"{served.get('accuracy_equal')} |")
   if _OUT.value:
     for row in results:
+      kept = os.path.join(_OUT.value.removesuffix(".jsonl"), row["name"])
+      os.makedirs(kept, exist_ok=True)
+      shutil.copyfile(os.path.join(root, f"{row['mode']}_{row['teacher']}", "metrics.jsonl"),
+                      os.path.join(kept, "metrics.jsonl"))
       write_row(_OUT.value, row)
 
 

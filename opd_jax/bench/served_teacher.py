@@ -32,23 +32,30 @@ def summary(workdir: str) -> dict:
   return out
 
 
-def compare(reference_dir: str, served_dir: str) -> dict:
-  """Largest |served - in-process| over every logged value (wall clocks aside), which key and step it is, and
-  whether every held-out accuracy is equal."""
+def compare(reference_dir: str, served_dir: str, tolerance: float = 1e-4) -> dict:
+  """Largest |served - in-process| over every logged value (wall clocks aside), which key and step it is, the
+  last step up to which every logged value is within `tolerance`, and whether every held-out accuracy is
+  equal."""
   reference = read_jsonl(os.path.join(reference_dir, "metrics.jsonl"), "metrics file")
   served = read_jsonl(os.path.join(served_dir, "metrics.jsonl"), "metrics file")
   if [r["step"] for r in reference] != [r["step"] for r in served]:
     return {"same_rows": False}
-  worst, where, compared = 0.0, "", 0
+  worst, where, compared, within, previous_step = 0.0, "", 0, None, None
   for want, got in zip(reference, served):
+    row_worst = 0.0
     for key, value in want.items():
       if key == "step" or key.startswith(_WALL_CLOCK):
         continue
       compared += 1
       difference = abs(got[key] - value)
+      row_worst = max(row_worst, difference)
       if difference > worst:
         worst, where = difference, f"{key} at step {want['step']}"
+    if row_worst > tolerance and within is None:
+      within = previous_step
+    previous_step = want["step"]
   accuracy = [k for k in reference[-1] if k.startswith("eval/accuracy")]
   equal = all(a.get(k) == b.get(k) for a, b in zip(reference, served) for k in accuracy)
   return {"same_rows": True, "values_compared": compared, "max_abs_difference": worst, "largest_at": where,
+          "within_tolerance_through_step": reference[-1]["step"] if within is None else within,
           "accuracy_equal": equal}

@@ -1,6 +1,7 @@
 """The served-teacher tables, rendered from shipped files (how each is made: docs/serving.md):
 
   served_teacher.jsonl      launch/bench/served_teacher.py: a run in process and against a served teacher, per mode
+                            (each run's metrics.jsonl in served_teacher/<name>/)
   topk_transport.jsonl      launch/bench/topk_transport.py: bytes per token and the *_topk error, per pair and K
   topk_pair1_seed<S>.jsonl  configs/sweeps/topk.py: the training outcome per K (pair1, one file per seed)
   multi_teacher/metrics.jsonl  configs/multi_teacher.py: one run, each problem scored by its routed teacher
@@ -30,11 +31,12 @@ def served_table(rows: list[dict]) -> str:
     body.append([mode, f"{local['train_s']:.0f} ({local['step_s']:.2f})", f"{served['train_s']:.0f} "
                  f"({served['step_s']:.2f})", f"{served['train_s'] / local['train_s']:.2f}x",
                  f"{served['step_s'] / local['step_s']:.2f}x", f"{served['max_abs_difference']:.2g} ({served['largest_at']})",
+                 str(served["within_tolerance_through_step"]),
                  "yes" if served["accuracy_equal"] else "no",
                  f"{100 * local['eval/accuracy']:.1f}% / {100 * served['eval/accuracy']:.1f}%",
                  f"{served['wire_bytes_per_token']:.0f}"])
   return _md(["mode", "in process: training s (s/step)", "served: training s (s/step)", "training time ratio",
-              "s/step ratio", "largest logged difference", "accuracy equal at every evaluation",
+              "s/step ratio", "largest logged difference", "every logged value within 1e-4 through step", "accuracy equal at every evaluation",
               "final accuracy (in process / served)", "wire bytes / token"], body)
 
 
