@@ -10,6 +10,9 @@ With --candidates (a list, or a JSON / JSON-lines file; see opd_jax/screening/ca
 all in one process and prints a ranked table: measured k3, verdict, margin, and the weight bytes and KV-cache
 tokens each recipe gives at a real model shape (--shape, --device_memory_gb), admitted recipes first by KV
 tokens, so the cheapest admitted recipe is on top.
+With config.teacher_endpoint (a served teacher) it also measures the teacher side as the run's preflight does:
+k3 of the served scores against config.teacher in this process on the calibration batch; above
+served_teacher.preflight_max_k3 the run would be refused, so every candidate is rejected.
 Exit code: 0 admit (with --candidates: at least one admitted), 1 reject (none), 2 bad input.
 """
 
@@ -64,9 +67,13 @@ def screen_candidates(start: float) -> bool:
   admission.pick_budget(budget_file, config.pair, steps)
   shape = resolve_model(_SHAPE.value, "--shape")
   cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
+  teacher = teacher_side(cal, config)
   setup = time.time() - start
   rows = candidates.screen(cal, config, listed, budget_file, shape=shape, device_bytes=int(_DEVICE_GB.value * GIB),
                            seed=_SEED.value, steps=run_steps(config))
+  if teacher is not None and not teacher["ok"]:
+    for row in rows:
+      row["admit"] = False
   print(candidates.format_table(rows, _SHAPE.value, _DEVICE_GB.value))
   _, _, note = admission.pick_budget(budget_file, config.pair, run_steps(config))
   if note:
@@ -75,8 +82,20 @@ def screen_candidates(start: float) -> bool:
   print(f"{len(rows)} candidates in {total:.1f} s: {setup:.1f} s start-up and calibration batch, "
         f"{(total - setup) / len(rows):.1f} s per candidate")
   if _JSON.value:
-    print(json.dumps({"rows": rows, "setup_seconds": setup, "total_seconds": total}, default=list))
+    print(json.dumps({"rows": rows, "teacher": teacher, "setup_seconds": setup, "total_seconds": total},
+                     default=list))
   return any(r["admit"] for r in rows)
+
+
+def teacher_side(cal, config) -> dict | None:
+  """The served teacher's k3 against config.teacher (None when the teacher is in process), printed as a line."""
+  from opd_jax.screening.teacher_check import served_teacher_mismatch
+  teacher = served_teacher_mismatch(cal, config, _SEED.value)
+  if teacher is not None:
+    print(f"teacher {'ok' if teacher['ok'] else 'REFUSED'}  served at {teacher['endpoint']}: k3 {teacher['k3']:.3g} "
+          f"against config.teacher in this process (repeat {teacher['repeat_k3']:.3g}) vs "
+          f"served_teacher.preflight_max_k3={teacher['max_k3']:g}")
+  return teacher
 
 
 def run_steps(config) -> int:
@@ -107,14 +126,19 @@ def run() -> bool:
   admission.pick_budget(budget_file, config.pair, steps)  # fail on a missing budget before any work
   cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
   rollout.validate_for(cal.params)
+  teacher = teacher_side(cal, config)
   measured = admission.measure_candidate(cal, config, rollout, _SEED.value)
   result = admission.admit(measured, budget_file, config.pair, run_steps(config))
+  if teacher is not None:
+    result["teacher"] = teacher
+    result["admit"] = result["admit"] and teacher["ok"]
   result["wall_seconds"] = time.time() - start
   word = "ADMIT" if result["admit"] else "REJECT"
   source = result["budget_source"] + (f"; {result['budget_note']}" if result["budget_note"] else "")
   print(f"{word}  {config.pair}: measured {result['scale']} {result['measured']:.3g} vs budget {result['budget']:.3g} "
         f"[{result['interval'][0]:.3g}, {result['interval'][1]:.3g}] ({source}); margin "
-        f"{result['margin']:+.0%}; confidence {result['confidence']:.0%}; {result['wall_seconds']:.1f} s")
+        f"{result['margin']:+.0%}; confidence {result['confidence']:.0%}; {result['wall_seconds']:.1f} s"
+        + ("; the served teacher fails the preflight" if teacher is not None and not teacher["ok"] else ""))
   if _JSON.value:
     print(json.dumps({**result, "rollout": {k: v for k, v in dict(config.rollout).items()}}, default=list))
   return result["admit"]

@@ -148,3 +148,21 @@ def test_an_unreachable_teacher_stops_train_py_with_one_error_line_and_exit_1(tm
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "has not answered for" in errors[0] and "retry_for_s=1" in errors[0], result.stderr
   assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "run")
+
+
+def test_the_admission_check_measures_the_served_teacher_as_the_preflight_does(tiny_pair):
+  """launch/admit.py's teacher side (opd_jax/screening/teacher_check.py): a server of the teacher's own
+  checkpoint passes at float32 round-off, a server of another model (the student) fails
+  served_teacher.preflight_max_k3, on the calibration batch; without an endpoint there is nothing to measure."""
+  from opd_jax.screening.calibration import Calibration
+  from opd_jax.screening.teacher_check import served_teacher_mismatch
+  config = _config(tiny_pair)
+  cal = Calibration.from_config(config, num_prompts=8)
+  assert served_teacher_mismatch(cal, config) is None
+  measured = {}
+  for name in ("teacher", "student"):
+    with servers.teacher(f"--checkpoint={tiny_pair[name]}") as (_, url):
+      measured[name] = served_teacher_mismatch(cal, _config(tiny_pair, teacher_endpoint=url))
+  assert measured["teacher"]["ok"] and measured["teacher"]["k3"] < 1e-8 and measured["teacher"]["repeat_k3"] == 0.0
+  assert not measured["student"]["ok"] and measured["student"]["k3"] > 1e-4
+  assert measured["student"]["max_k3"] == config.served_teacher.preflight_max_k3
