@@ -13,6 +13,7 @@ import pytest
 
 from configs import common
 from opd_jax.errors import InputError, TrainingStopped
+from opd_jax.experiments.sweep import set_field
 from opd_jax.train.loop import train
 from tests import servers
 
@@ -28,11 +29,7 @@ def _config(pair, **overrides):
   config.objective.name = "reverse_kl"  # exact: served as its top-k form over the whole vocabulary
   config.train.progress_bar, config.train.export_dtype = False, ""
   for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+    set_field(config, key, value)
   return config
 
 

@@ -13,6 +13,7 @@ from configs import common
 from opd_jax.data.problems import load_jsonl
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
+from opd_jax.experiments.sweep import set_field
 from opd_jax.models import load_pretrained, load_tokenizer
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.sampler import left_pad
@@ -34,11 +35,7 @@ def _config(**overrides):
   config.train.progress_bar, config.train.export_dtype, config.train.eval_sampled = False, "", True
   config.rollout.max_new_tokens = 32
   for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+    set_field(config, key, value)
   return config
 
 

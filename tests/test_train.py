@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from configs import common
+from opd_jax.experiments.sweep import set_field
 from opd_jax.models import load_pretrained
 from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives import losses
@@ -131,11 +132,7 @@ def _config(pair, **overrides):
   config.train.eval_sampled = False  # one eval sampler to compile (the sampled one: test_export, test_multihost)
   config.train.export_dtype = ""  # the export at the end of training: tests/test_export.py
   for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+    set_field(config, key, value)
   return config
 
 
