@@ -5,7 +5,7 @@ Arguments (after the file name, comma-separated), on every sweep:
   steps=150           learner updates per point (the horizon a calibrated budget is for)
   lr=0.001            AdamW peak learning rate of every point
   objective=NAME      OPD objective of every point (default: the pair config's, reverse_kl)
-  seed=0              sampling / data-order seed of every point (README: the seed spread of a baseline)
+  seed=0              sampling / data-order seed of every point, and its weight-noise draw (rollout.noise_seed)
   only=a+b            run only these points (e.g. only=baseline+w_int4_kv_int4 to repeat one with more seeds)
 A non-default argument is appended to the sweep's name ("noise[steps=75]"), so its rows never mix with
 the default run's in one results.jsonl, and rows record steps / lr / objective / seed themselves.
@@ -56,6 +56,7 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
     tags.append(f"objective={args.objective}")
   if args.seed:
     overrides["seed"] = args.seed
+    overrides["rollout.noise_seed"] = args.seed  # a seed varies the noise draw too, not only the sampling
     tags.append(f"seed={args.seed}")
   points = tuple(points)
   if args.only:
