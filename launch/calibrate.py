@@ -1,6 +1,7 @@
 """Budget calibration from sweep results:
 
   python launch/calibrate.py --results=DIR/results.jsonl --out=budget.json [--tolerance=0.02] [--relative]
+      [--pair_test=results/pair_budgets.json]
 
 Fits quality loss vs mismatch (k3 primary; k1, tv, mult_prob_error reported too), per pair and pooled, with
 bootstrap intervals, and says how far the per-pair budgets differ (does one budget transfer across pairs?).
@@ -22,13 +23,15 @@ _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Allowed quality loss: accura
 _RELATIVE = flags.DEFINE_bool("relative", False, "Tolerance relative to the baseline accuracy.")
 _HOLDOUT = flags.DEFINE_string("holdout", "", "Point names excluded from calibration (comma-separated), "
                                "kept for validating the admission check.")
+_PAIR_TEST = flags.DEFINE_string("pair_test", None, "pair_budgets.json from launch/pair_budgets.py: its decision "
+                                 "(per-pair or pooled budgets) goes into the budget file, and admission follows it.")
 
 
 def run():
   from opd_jax.experiments import calibrate_report
   holdout = [p for p in _HOLDOUT.value.split(",") if p]
   calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
-                       holdout=holdout)
+                       holdout=holdout, pair_test=_PAIR_TEST.value)
 
 
 def main(argv):

@@ -3,6 +3,7 @@ computes from the shipped sweeps, docs/results.md is what they generate, and eve
 docs/ quote is current."""
 
 import os
+import re
 
 import pytest
 
@@ -20,6 +21,26 @@ def _read(path: str) -> str:
 
 
 ILLUSTRATIVE = "<!-- not from results/"  # the line right above a table the docs mark as not shipped
+NOT_A_RESULT = "<!-- not a result"  # the line right above a table that states no measurement (a map, a glossary)
+NUMBER = re.compile(r"\d\.\d|\d%|\dx\b|\d,\d{3}")  # what a measured number in a table cell looks like
+PAGES = ["README.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                         if f.endswith(".md")]
+
+
+def _tables_with_the_line_above(text: str) -> list[tuple[str, str]]:
+  """(the last non-blank line above the table, the table) for every markdown table of a page."""
+  out, lines, i = [], text.split("\n"), 0
+  while i < len(lines):
+    if not lines[i].startswith("|"):
+      i += 1
+      continue
+    end = i
+    while end < len(lines) and lines[end].startswith("|"):
+      end += 1
+    above = next((line for line in reversed(lines[:i]) if line.strip()), "")
+    out.append((above, "\n".join(lines[i:end])))
+    i = end
+  return out
 
 
 def _table_blocks(text: str) -> list[str]:
@@ -67,6 +88,42 @@ def test_every_results_table_quoted_in_the_docs_is_current():
         quoted += 1
         assert block in candidates, f"{page}: a results table differs from what results/ generates:\n{block}"
   assert quoted >= len(tables) + 5  # results.md has them all; README and the study quote more
+
+
+def _unbacked_tables(page: str, text: str, generated: set[str]) -> list[str]:
+  """The tables of a page that state numbers but are neither one of the `generated` tables (verbatim) nor right
+  below a marker: ILLUSTRATIVE with the command that reproduces them, or NOT_A_RESULT."""
+  unbacked = []
+  for above, table in _tables_with_the_line_above(text):
+    body = "\n".join(table.split("\n")[2:])
+    if table in generated or not NUMBER.search(body) or above.startswith(NOT_A_RESULT):
+      continue
+    if not (above.startswith(ILLUSTRATIVE) and re.search(r"(python|bash|pytest) \S", above)):
+      unbacked.append(f"{page}: {table.split(chr(10))[0][:100]}")
+  return unbacked
+
+
+def test_every_number_in_a_docs_table_comes_from_a_shipped_file_or_says_how_to_reproduce_it():
+  generated = set(all_tables(RESULTS).values())
+  unbacked = [t for page in PAGES for t in _unbacked_tables(page, _read(page), generated)]
+  assert not unbacked, ("tables whose numbers no shipped file produces; generate them from results/ "
+                        f"(opd_jax/experiments/results_tables.py) or mark them '{ILLUSTRATIVE} (illustrative): "
+                        "COMMAND -->':\n" + "\n".join(unbacked))
+
+
+def test_the_table_check_can_fail():
+  """A hand-typed numeric table fails; a marker without a command still fails; with one it passes, as does a
+  generated table copied verbatim, and one that states no number."""
+  generated = all_tables(RESULTS)["budgets"]
+  typed = "| run | acc |\n|---|---|\n| a | 84.0% |\n"
+  assert _unbacked_tables("p", f"text\n\n{typed}", {generated}) == ["p: | run | acc |"]
+  assert _unbacked_tables("p", f"{ILLUSTRATIVE} (illustrative) -->\n{typed}", {generated}) == ["p: | run | acc |"]
+  assert _unbacked_tables("p", f"{ILLUSTRATIVE} (illustrative): python launch/train.py -->\n\n{typed}",
+                          {generated}) == []
+  assert _unbacked_tables("p", f"text\n{generated}\n", {generated}) == []
+  edited = generated.replace("0.", "9.", 1)
+  assert _unbacked_tables("p", f"text\n{edited}\n", {generated}) == ["p: " + edited.split(chr(10))[0][:100]]
+  assert _unbacked_tables("p", "| a | b |\n|---|---|\n| decoder | one module |\n", {generated}) == []
 
 
 def test_the_generator_checks_the_page_against_changed_results(tmp_path):

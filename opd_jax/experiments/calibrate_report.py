@@ -93,10 +93,22 @@ def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: 
   return matrix
 
 
-def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str]) -> dict:
+def pair_test_entry(path: str) -> dict:
+  """budget.json's `per_pair_test`: the pre-registered per-pair decision (launch/pair_budgets.py) in short."""
+  from opd_jax.experiments.files import read_json
+  test = read_json(path, "per-pair test file")
+  if test.get("decision") not in ("per_pair", "pooled"):
+    raise InputError(f"--pair_test={path!r}: 'decision' is {test.get('decision')!r}, expected 'per_pair' or "
+                     "'pooled'; make the file with launch/pair_budgets.py")
+  return {"file": path, **{k: test[k] for k in ("decision", "rule", "outcome", "decision_point", "tolerance")}}
+
+
+def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str],
+        pair_test: str | None = None) -> dict:
   if not 0 < tolerance < 1:
     raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
                      "of the baseline accuracy (e.g. 0.02)")
+  pair_test_summary = pair_test_entry(pair_test) if pair_test else None  # a bad file fails before any work
   rows = load_rows(results_paths)
   unknown = sorted(set(holdout) - {r["point"] for r in rows})
   if unknown:
@@ -111,6 +123,8 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     raise InputError(f"{e} in {read}; a budget needs finished sweep points of one pair with their baseline "
                      "(launch/sweep.py writes them)") from None
   result.update(results=list(results_paths), holdout_points=holdout)
+  if pair_test_summary:
+    result["per_pair_test"] = pair_test_summary
   budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]
   write_json(out, result)
   print(f"budget on {PRIMARY} (tolerance {tolerance:g}{' of baseline' if relative else ' accuracy points'}):")
@@ -127,5 +141,7 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     for a, row in transfer["matrix"].items():
       cells = "  ".join(f"{b} {c['agree']}/{c['n']}" for b, c in row.items())
       print(f"  {a}'s budget judges: {cells}")
+  if pair_test:
+    print(f"per-pair test ({pair_test}): admission uses {result['per_pair_test']['decision']} budgets")
   print(f"wrote {out}")
   return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-from opd_jax.experiments import real_pair_tables, serving_tables
+from opd_jax.experiments import real_pair_tables, serving_tables, study_tables
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
@@ -228,6 +228,7 @@ def all_tables(results_dir: str) -> dict[str, str]:
     tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
   tables.update(real_pair_tables.tables(results_dir))
   tables.update(serving_tables.tables(results_dir))
+  tables.update(study_tables.tables(results_dir))
   return tables
 
 
@@ -242,6 +243,8 @@ not what `results/` generates). How each file is made, and what the numbers mean
 
 def source_of(title: str) -> str:
   """The shipped file (or folder) a table of all_tables is rendered from."""
+  if title in study_tables.SOURCES:
+    return study_tables.SOURCES[title]
   kind, _, name = title.partition(" ")
   if kind in ("sweep", "importance"):
     return f"results/{name}.jsonl"

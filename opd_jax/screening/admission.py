@@ -77,7 +77,8 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
   (default: the main one), and the note says when it is not the same length. A pair whose runs never lost
   quality has an unbounded budget: only a lower bound (the largest mismatch its runs tested). Then a bounded
   pooled budget, fitted on all pairs' runs, is the better estimate. Returns (key in budget_file["budgets"],
-  budget, note); the note says when and why the pooled budget was borrowed.
+  budget, note); the note says when and why the pooled budget was borrowed. A budget file whose pre-registered
+  per-pair test (`per_pair_test`, launch/pair_budgets.py) decided "pooled" gives every pair the pooled budget.
   """
   budgets = budget_file.get("budgets", {})
   main, horizons = budget_file.get("steps"), [h for h in budget_file.get("horizons", []) if h]
@@ -88,6 +89,10 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
   notes = [f"calibrated on {horizon}-step runs" + (f", this run trains {steps}" if steps and steps != horizon else "")
            ] if horizon else []
   own, pooled = budgets.get(key(pair)), budgets.get(key("pooled"))
+  test = budget_file.get("per_pair_test") or {}
+  if test.get("decision") == "pooled" and pooled is not None:
+    return key("pooled"), pooled, "; ".join(notes + [f"pooled: the per-pair test found the pairs indistinguishable "
+                                                     f"({test.get('file', 'per_pair_test')})"])
   if own is not None and not own.get("bounded", True) and pooled is not None and pooled.get("bounded", True) \
       and pooled["budget"] > own["budget"]:
     return key("pooled"), pooled, "; ".join(notes + [f"{pair} lost nothing up to {own['budget']:.3g}"])

@@ -26,9 +26,11 @@ For a noise level sigma, with common random numbers (the same key for the clean 
     OPD's signal has: per-token bias plus prefix shift), the weighted mean of the exact per-prefix KL against
     it (`shift`: what is left of the prefix shift once prefixes are reweighted; sequence weights pi(y) / mu(y)
     reweight whole trajectories, token weights one position at a time), the share of responses with non-zero
-    weight and the effective sample size of the weights (ESS / responses). In the shipped pair1 scan
-    (results/prefix_shift_pair1.json) at sigma 0.1 the unweighted shift is +0.096; token TIS moves it to
-    -0.026, MIS to -0.111 and seq_tis to -0.169 (ESS 0.22): token weights do change it, and overshoot.
+    weight and the effective sample size of the weights (ESS / responses). In the shipped pair1 scans, seeds
+    0-2 (results/prefix_shift_pair1*.json), at sigma 0.1 the unweighted shift is +0.104 [+0.096, +0.115]
+    (mean [min, max] over seeds); token TIS leaves -0.007 [-0.026, +0.005], within the seed spread of zero, and
+    its estimate error is -0.005 [-0.016, +0.011]; MIS over-corrects to -0.096 and seq_tis to -0.118 (ESS 0.22).
+    The weights repair the estimate; the rollouts still go where the noisy sampler takes them.
 """
 
 from __future__ import annotations

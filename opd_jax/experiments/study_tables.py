@@ -1,0 +1,108 @@
+"""The study's replicated tables, rendered from shipped files (how each is made: docs/study.md):
+
+  prefix_shift_pair1.json, prefix_shift_pair1_seed<S>.json
+                        launch/prefix_shift.py --seed=S (seed 0 is the unsuffixed file): the prefix shift and the
+                        per-token estimate errors over seeds, with the spread between them
+  pair_budgets.json     launch/pair_budgets.py: the pre-registered per-pair budget test and its decision
+  validation_pairs.json launch/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
+                        three fresh seeds and fresh baselines, next to the simple rules
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+from opd_jax.experiments.files import read_json
+from opd_jax.experiments.real_pair_tables import _md
+
+SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json",
+           "corrections over seeds (prefix shift, pair1)": "results/prefix_shift_pair1*.json",
+           "per-pair budget test (pre-registered)": "results/pair_budgets.json",
+           "validation with fresh seeds": "results/validation_pairs.json",
+           "validation with fresh seeds against simple rules": "results/validation_pairs.json",
+           "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json"}
+
+
+def _spread(values: list, fmt: str = "{:+.3f}") -> str:
+  """mean [min, max] over seeds."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return "n/a"
+  return f"{fmt.format(float(np.mean(values)))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
+
+
+def prefix_shift_files(results_dir: str) -> list[dict]:
+  paths = sorted(glob.glob(os.path.join(results_dir, "prefix_shift_pair1*.json")))
+  return [read_json(p, "prefix-shift file") for p in paths]
+
+
+def prefix_shift_table(runs: list[dict]) -> str:
+  """Per sigma over the seeds' files: mean [min, max] of the prefix shift and of the naive / TIS estimate errors."""
+  by_sigma: dict[float, list[dict]] = {}
+  for run in runs:
+    for row in run["rows"]:
+      by_sigma.setdefault(row["sigma"], []).append(row)
+  body = []
+  for sigma, rows in sorted(by_sigma.items()):
+    col = lambda key: [r[key] for r in rows]
+    body.append([f"{sigma:g}", str(len(rows)), _spread(col("same_prefix_k3"), "{:.3g}"), _spread(col("prefix_shift")),
+                 _spread(col("k1_naive_error")), _spread(col("k1_tis_error")),
+                 _spread([100 * a for a in col("accuracy_clean")], "{:.1f}"),
+                 _spread([100 * a for a in col("accuracy_noisy")], "{:.1f}"),
+                 _spread([100 * a for a in col("identical_responses")], "{:.0f}")])
+  return _md(["sigma", "seeds", "same-prefix k3", "prefix shift", "naive error", "TIS error", "acc clean %",
+              "acc noisy %", "identical responses %"], body)
+
+
+def corrections_over_seeds_table(runs: list[dict], sigmas=(0.03, 0.1)) -> str:
+  """At the sigmas where the corrections differ: each correction's estimate error and the prefix shift it leaves,
+  mean [min, max] over seeds."""
+  body = []
+  for sigma in sigmas:
+    rows = [r for run in runs for r in run["rows"] if r["sigma"] == sigma]
+    kinds = list(dict.fromkeys(k for r in rows for k in r.get("corrections", {})))
+    for kind in kinds:
+      cs = [r["corrections"][kind] for r in rows if kind in r.get("corrections", {})]
+      body.append([f"{sigma:g}", kind, str(len(cs)), _spread([c["k1_error"] for c in cs]),
+                   _spread([c["shift"] for c in cs]), _spread([100 * c["ess"] for c in cs], "{:.0f}")])
+  return _md(["sigma", "correction", "seeds", "error of the OPD estimate", "prefix shift left", "ESS %"], body)
+
+
+def pair_test_table(test: dict) -> str:
+  """Per pair and point: run-mean k3, each seed's quality loss, the seed mean with its interval, and the side of
+  the tolerance the interval is on; the decision point's rows first."""
+  body = []
+  points = sorted(test["points"], key=lambda p: (p["point"] != test["decision_point"], p["point"], p["pair"]))
+  for p in points:
+    lo, hi = p["interval"]
+    body.append([p["pair"], p["point"] + (" (decides)" if p["point"] == test["decision_point"] else ""),
+                 ", ".join(f"{v:g}" for v in p["overrides"].values()), f"{p['run_k3']:.3g}",
+                 ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
+                 f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
+  body.append(["all", "decision", "", "", "", "", test["decision"]])
+  return _md(["pair", "point", "knob", "run-mean k3 (seed mean)", "quality loss per seed", "seed mean [95% interval]",
+              f"vs tolerance {100 * test['tolerance']:g}"], body)
+
+
+def tables(results_dir: str) -> dict[str, str]:
+  from opd_jax.experiments import results_tables
+  from opd_jax.experiments.validation import admission_vs_run_k3
+  out = {}
+  runs = prefix_shift_files(results_dir)
+  if len(runs) > 1:
+    out["prefix shift over seeds (pair1)"] = prefix_shift_table(runs)
+    out["corrections over seeds (prefix shift, pair1)"] = corrections_over_seeds_table(runs)
+  path = os.path.join(results_dir, "pair_budgets.json")
+  if os.path.exists(path):
+    out["per-pair budget test (pre-registered)"] = pair_test_table(read_json(path, "per-pair test file"))
+  path = os.path.join(results_dir, "validation_pairs.json")
+  if os.path.exists(path):
+    validation = read_json(path, "validation file")
+    out["validation with fresh seeds"] = results_tables.validation_table(validation)
+    out["validation with fresh seeds against simple rules"] = results_tables.validation_rules_table(validation)
+    if admission_vs_run_k3(validation)["n"]:
+      out["validation with fresh seeds: admission k3 vs run-mean k3"] = results_tables.k3_quantities_table(validation)
+  return out

@@ -1,0 +1,60 @@
+"""The pre-registered per-pair budget test (opd_jax/experiments/pair_budgets.py) on synthetic rows: the decision
+follows the rule, the interval is a seed bootstrap, and admission follows the decision in budget.json."""
+
+import pytest
+
+from opd_jax.errors import InputError
+from opd_jax.experiments.pair_budgets import decide, seed_interval, side
+from opd_jax.experiments.sweep import fill_deltas
+from opd_jax.screening.admission import pick_budget
+
+
+def _seed_rows(seed: int, losses: dict[str, float]) -> list[dict]:
+  """One results file of the sweep: every pair's baseline and k3_high, deltas filled as load_rows does."""
+  rows = []
+  for pair, loss in losses.items():
+    for point, acc in (("baseline", 0.60 + 0.01 * seed), ("k3_high", 0.60 + 0.01 * seed - loss)):
+      rows.append({"pair": pair, "point": point, "status": "ok", "seed": seed, "final_accuracy": acc, "best_accuracy": acc,
+                   "overrides": {} if point == "baseline" else {"rollout.noise_sigma": 0.1},
+                   "mismatch": {"mismatch/k3": 0.6}, "rollout": {"noise_seed": seed}})
+  return fill_deltas(rows)
+
+
+def _rows(per_seed: list[dict[str, float]]) -> list[dict]:
+  return [r for seed, losses in enumerate(per_seed) for r in _seed_rows(seed, losses)]
+
+
+def test_the_interval_is_a_bootstrap_of_the_seed_mean():
+  lo, hi = seed_interval([0.02, 0.04, 0.09])
+  assert 0.02 <= lo < 0.05 < hi <= 0.09 + 1e-12  # inside the range of the seeds, around their mean
+  assert seed_interval([0.03, 0.03, 0.03]) == pytest.approx([0.03, 0.03])
+  assert [side(i, 0.05) for i in ([0.0, 0.04], [0.06, 0.1], [0.04, 0.06])] == ["inside", "beyond", "straddles"]
+
+
+def test_per_pair_budgets_are_kept_only_when_the_pairs_separate():
+  apart = _rows([{"pair1": 0.09, "pair2": 0.01, "pair3": 0.08}, {"pair1": 0.10, "pair2": 0.02, "pair3": 0.09},
+                 {"pair1": 0.08, "pair2": 0.00, "pair3": 0.11}])
+  result = decide(apart, 0.05)
+  assert result["decision"] == "per_pair" and "pair2 loses 1.0 points" in result["outcome"]
+  assert [s["quality_loss"] for s in result["points"][1]["seeds"]] == pytest.approx([0.01, 0.02, 0.0])
+  # One seed of pair3 inside the tolerance: its interval straddles it, so the pairs are not told apart.
+  close = _rows([{"pair1": 0.09, "pair2": 0.01, "pair3": 0.02}, {"pair1": 0.10, "pair2": 0.02, "pair3": 0.09},
+                 {"pair1": 0.08, "pair2": 0.00, "pair3": 0.11}])
+  assert decide(close, 0.05)["decision"] == "pooled"
+
+
+def test_the_decision_refuses_too_few_seeds():
+  two = _rows([{"pair1": 0.09, "pair2": 0.01, "pair3": 0.08}, {"pair1": 0.10, "pair2": 0.02, "pair3": 0.09}])
+  with pytest.raises(InputError, match=r"missing or short: \['pair2', 'pair1', 'pair3'\]"):
+    decide(two, 0.05)
+
+
+def test_admission_uses_the_pooled_budget_when_the_test_says_pooled():
+  own, pooled = {"budget": 0.7, "bounded": True}, {"budget": 0.39, "bounded": True}
+  budget = {"budgets": {"pair2": own, "pooled": pooled}}
+  assert pick_budget(budget, "pair2")[0] == "pair2"
+  budget["per_pair_test"] = {"decision": "per_pair", "file": "t.json"}
+  assert pick_budget(budget, "pair2")[0] == "pair2"
+  budget["per_pair_test"] = {"decision": "pooled", "file": "t.json"}
+  source, chosen, note = pick_budget(budget, "pair2")
+  assert (source, chosen) == ("pooled", pooled) and "indistinguishable (t.json)" in note
