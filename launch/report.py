@@ -25,6 +25,8 @@ _HOLDOUT = flags.DEFINE_float("holdout_fraction", 0.3, "Share of sweep points he
 _HELDOUT = flags.DEFINE_multi_string("heldout_results", [], "--validate: results.jsonl of configurations the budget "
                                      "has not seen (e.g. configs/sweeps/boundary.py, one file per seed); replaces "
                                      "the hash hold-out.")
+_EXCLUDE = flags.DEFINE_list("heldout_exclude", [], "--validate: pair/point rows of --heldout_results to leave out "
+                              "(e.g. pair3/k3_low when it repeats a calibration configuration).")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
 _OUT = flags.DEFINE_string("out", "report", "Output directory.")
@@ -37,14 +39,18 @@ def run():
   if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
     raise InputError(f"--holdout_fraction={_HOLDOUT.value:g} and --tolerance={_TOLERANCE.value:g} must be in (0, 1) "
                      f"and --prompts={_PROMPTS.value} >= 1")
-  if _HELDOUT.value and not _VALIDATE.value:
-    raise InputError("--heldout_results is only read with --validate")
+  if (_HELDOUT.value or _EXCLUDE.value) and not _VALIDATE.value:
+    raise InputError("--heldout_results and --heldout_exclude are only read with --validate")
   if _VALIDATE.value:
     from configs import common
     from opd_jax.experiments.calibrate_report import load_rows
     from opd_jax.experiments.files import write_json
     from opd_jax.experiments.validation import validate
     heldout = [row for path in _HELDOUT.value for row in load_rows([path])]
+    unknown = sorted(set(_EXCLUDE.value) - {f"{r['pair']}/{r['point']}" for r in heldout})
+    if unknown:
+      raise InputError(f"--heldout_exclude names {unknown}, which no --heldout_results row has (give pair/point)")
+    heldout = [r for r in heldout if f"{r['pair']}/{r['point']}" not in _EXCLUDE.value]
     result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
                       num_prompts=_PROMPTS.value, heldout=heldout)

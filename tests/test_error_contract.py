@@ -139,6 +139,8 @@ CASES = [
      "--out={d}/report", "holds a JSON list"),
     ("report_heldout_alone", "launch/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
      "--out={d}/report", "only read with --validate"),
+    ("report_exclude_unknown", "launch/report.py", "--results={d}/ok.jsonl", "--validate",
+     "--heldout_results={d}/ok.jsonl", "--heldout_exclude=pair9/x", "--out={d}/report", "--heldout_exclude names"),
     ("results_tables_missing", "launch/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
     ("results_tables_out_folder", "launch/results_tables.py", "--out={d}/nope/results.md", "its folder does not exist"),
     ("host_rss_args", "launch/bench/host_rss.py", "--name=x", "--train_args=--workdir={d}/a",
