@@ -211,3 +211,45 @@ def test_the_served_teacher_comparison_is_recomputed_from_the_shipped_runs():
     got = compare(os.path.join(runs, row["name"].replace("_served", "_in_process")), os.path.join(runs, row["name"]))
     assert got == {k: row[k] for k in got}, row["name"]
   assert {r["mode"]: r["within_tolerance_through_step"] for r in served} == {"sync": 50, "async": 0}
+
+
+def test_the_per_pair_decision_is_recomputed_from_the_shipped_runs():
+  """results/pair_budgets.json is launch/pair_budgets.py's decision over the three shipped seed files, budget.json
+  carries that decision (admission follows it), and README states it; every point has three seeds, each against
+  the same seed's fresh baseline, and each seed's baseline is a different run (pair2's included; two of them can
+  still end at the same accuracy: test_equal_accuracies_are_different_solved_sets)."""
+  from opd_jax.experiments.calibrate_report import load_rows
+  from opd_jax.experiments.pair_budgets import decide
+  shipped = read_json(os.path.join(RESULTS, "pair_budgets.json"), "per-pair test file")
+  rows = load_rows([os.path.join(ROOT, p) for p in shipped["results"]])
+  again = decide(rows, shipped["tolerance"])
+  assert again["decision"] == shipped["decision"] and again["outcome"] == shipped["outcome"]
+  assert again["points"] == shipped["points"]
+  assert all(len(p["seeds"]) == 3 for p in shipped["points"]) and len(shipped["points"]) == 9
+  baselines = {}  # each seed's baseline is a different run: its logged run-mean mismatch differs
+  for r in rows:
+    if r["point"] == "baseline":
+      baselines.setdefault(r["pair"], set()).add(r["mismatch"]["mismatch/k1"])
+  assert {pair: len(runs) for pair, runs in baselines.items()} == {"pair1": 3, "pair2": 3, "pair3": 3}
+  budget = read_budget(os.path.join(RESULTS, "budget.json"))
+  assert budget["per_pair_test"]["decision"] == shipped["decision"]
+  assert budget["per_pair_test"]["outcome"] == shipped["outcome"]
+  word = {"pooled": "one pooled budget for every pair", "per_pair": "each pair's own budget"}[shipped["decision"]]
+  assert f"Outcome: admission uses {word}" in " ".join(_read("README.md").split())
+
+
+def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
+  """results/validation_pairs.json: at least 8 held-out configurations, three fresh seeds each, none a calibration
+  configuration, and at least 3 where the per-pair and the pooled budgets disagree."""
+  validation = read_json(os.path.join(RESULTS, "validation_pairs.json"), "validation file")
+  rows, budgets = validation["rows"], validation["budget"]["budgets"]
+  assert validation["n"] == len(rows) >= 8 and all(len(r["seeds"]) == 3 for r in rows)
+  disagree = [r for r in rows if (r["measured"] <= budgets[r["pair"]]["budget"]) !=
+              (r["measured"] <= budgets["pooled"]["budget"])]
+  assert len(disagree) >= 3, [(r["pair"], r["point"]) for r in disagree]
+  from opd_jax.experiments.validation import compare_with_rules
+  rules = compare_with_rules(validation)["rules"]
+  scores = [rules[k]["agreed"] for k in ("admission check (per-pair budgets)", "pooled budget for every pair",
+                                         "best constant k3 threshold (hindsight)", "reject all")]
+  said = [int(n) for n in re.findall(r"(\d) of 8", " ".join(_read("README.md").split()))]
+  assert said == scores == [6, 5, 7, 4]  # README's sentence, in its order

@@ -100,7 +100,11 @@ def pair_test_entry(path: str) -> dict:
   if test.get("decision") not in ("per_pair", "pooled"):
     raise InputError(f"--pair_test={path!r}: 'decision' is {test.get('decision')!r}, expected 'per_pair' or "
                      "'pooled'; make the file with launch/pair_budgets.py")
-  return {"file": path, **{k: test[k] for k in ("decision", "rule", "outcome", "decision_point", "tolerance")}}
+  keys = ("decision", "rule", "outcome", "decision_point", "tolerance")
+  missing = [k for k in keys if k not in test]
+  if missing:
+    raise InputError(f"--pair_test={path!r} lacks {missing}; make the file with launch/pair_budgets.py")
+  return {"file": path, **{k: test[k] for k in keys}}
 
 
 def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str],

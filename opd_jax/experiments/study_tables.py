@@ -4,6 +4,9 @@
                         launch/prefix_shift.py --seed=S (seed 0 is the unsuffixed file): the prefix shift and the
                         per-token estimate errors over seeds, with the spread between them
   pair_budgets.json     launch/pair_budgets.py: the pre-registered per-pair budget test and its decision
+  sources_pair1_seed<S>.jsonl
+                        configs/sweeps/sources.py:pairs=pair1,seed=S: pair1's calibration points again with seeds 1
+                        and 2 (seed 0 is results/sources.jsonl), so each point's single-run noise is measured
   validation_pairs.json launch/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
                         three fresh seeds and fresh baselines, next to the simple rules
 """
@@ -21,6 +24,7 @@ from opd_jax.experiments.real_pair_tables import _md
 SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json",
            "corrections over seeds (prefix shift, pair1)": "results/prefix_shift_pair1*.json",
            "per-pair budget test (pre-registered)": "results/pair_budgets.json",
+           "pair1 calibration points over seeds": "results/sources.jsonl, results/sources_pair1_seed*.jsonl",
            "validation with fresh seeds": "results/validation_pairs.json",
            "validation with fresh seeds against simple rules": "results/validation_pairs.json",
            "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json"}
@@ -79,12 +83,24 @@ def pair_test_table(test: dict) -> str:
   for p in points:
     lo, hi = p["interval"]
     body.append([p["pair"], p["point"] + (" (decides)" if p["point"] == test["decision_point"] else ""),
-                 ", ".join(f"{v:g}" for v in p["overrides"].values()), f"{p['run_k3']:.3g}",
+                 ", ".join(f"{k.split('.')[-1]}={v}" for k, v in p["overrides"].items()), f"{p['run_k3']:.3g}",
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
   body.append(["all", "decision", "", "", "", "", test["decision"]])
   return _md(["pair", "point", "knob", "run-mean k3 (seed mean)", "quality loss per seed", "seed mean [95% interval]",
               f"vs tolerance {100 * test['tolerance']:g}"], body)
+
+
+def seeds_table(points: list[dict], tolerance: float) -> str:
+  """pair_budgets.summarize's entries: each seed's run-mean k3 and quality loss, the seed mean with its interval."""
+  body = []
+  for p in points:
+    lo, hi = p["interval"]
+    body.append([p["pair"], p["point"], ", ".join(f"{s['run_k3']:.3g}" for s in p["seeds"]),
+                 ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
+                 f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
+  return _md(["pair", "point", "run-mean k3 per seed", "quality loss per seed", "seed mean [95% interval]",
+              f"vs tolerance {100 * tolerance:g}"], body)
 
 
 def tables(results_dir: str) -> dict[str, str]:
@@ -98,6 +114,13 @@ def tables(results_dir: str) -> dict[str, str]:
   path = os.path.join(results_dir, "pair_budgets.json")
   if os.path.exists(path):
     out["per-pair budget test (pre-registered)"] = pair_test_table(read_json(path, "per-pair test file"))
+  replicas = sorted(glob.glob(os.path.join(results_dir, "sources_pair1_seed*.jsonl")))
+  if replicas:
+    from opd_jax.experiments.calibrate_report import load_rows
+    from opd_jax.experiments.pair_budgets import summarize
+    rows = [r for r in load_rows([os.path.join(results_dir, "sources.jsonl")] + replicas) if r["pair"] == "pair1"]
+    tolerance = read_json(os.path.join(results_dir, "budget.json"), "budget file")["tolerance"]
+    out["pair1 calibration points over seeds"] = seeds_table(summarize(rows, tolerance), tolerance)
   path = os.path.join(results_dir, "validation_pairs.json")
   if os.path.exists(path):
     validation = read_json(path, "validation file")
