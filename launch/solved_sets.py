@@ -29,14 +29,14 @@ def run():
   from opd_jax.experiments import solved_sets
   from opd_jax.experiments.files import write_json
   from opd_jax.train.loop import _task
+  if _SIZE.value < 1:
+    raise InputError(f"--problems={_SIZE.value} must be >= 1")
   runs = {}
   for spec in _RUNS.value:
     name, sep, path = spec.partition("=")
     if not sep or not name or not os.path.isdir(path):
       raise InputError(f"--run={spec!r} must be NAME=DIR with DIR an exported student folder (a run's export/)")
     runs[name] = path
-  if _SIZE.value < 1:
-    raise InputError(f"--problems={_SIZE.value} must be >= 1")
   if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
     raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
   config, d = _CONFIG.value, _CONFIG.value.data

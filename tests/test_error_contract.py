@@ -141,6 +141,10 @@ CASES = [
      "--out={d}/report", "only read with --validate"),
     ("report_exclude_unknown", "launch/report.py", "--results={d}/ok.jsonl", "--validate",
      "--heldout_results={d}/ok.jsonl", "--heldout_exclude=pair9/x", "--out={d}/report", "--heldout_exclude names"),
+    ("solved_sets_run_spec", "launch/solved_sets.py", "--config=configs/pair2.py", "--run={d}/none",
+     "must be NAME=DIR"),
+    ("solved_sets_flag_before_file", "launch/solved_sets.py", "--config=configs/pair2.py", "--run=a={d}/none",
+     "--problems=0", "--problems=0 must be >= 1"),
     ("results_tables_missing", "launch/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
     ("results_tables_out_folder", "launch/results_tables.py", "--out={d}/nope/results.md", "its folder does not exist"),
     ("host_rss_args", "launch/bench/host_rss.py", "--name=x", "--train_args=--workdir={d}/a",
@@ -291,7 +295,8 @@ FLAG_BEFORE_FILE = {"train": "train_flag_before_file", "sample": "sample_flag_be
                     "prefix_shift": "prefix_shift_flag_before_file", "sensitivity": "sensitivity_flag_before_file",
                     "prune": "prune_flag_before_file", "export": "export_flag_before_file",
                     "bench/time_to_quality": "ttq_flag_before_file", "build_pairs": "build_pairs_flag_before_file",
-                    "gguf_parity": "gguf_parity_texts", "admit": "admit_flag_before_file"}
+                    "gguf_parity": "gguf_parity_texts", "admit": "admit_flag_before_file",
+                    "solved_sets": "solved_sets_flag_before_file"}
 
 
 def test_every_script_with_flags_and_files_names_the_flag_first():
