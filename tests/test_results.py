@@ -8,7 +8,7 @@ import re
 import pytest
 
 from opd_jax.experiments.calibrate_report import build_budget, load_rows
-from opd_jax.experiments.files import read_budget, read_json
+from opd_jax.experiments.files import read_budget, read_json, read_results
 from opd_jax.experiments.results_tables import all_tables, render_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,3 +253,21 @@ def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
                                          "best constant k3 threshold (hindsight)", "reject all")]
   said = [int(n) for n in re.findall(r"(\d) of 8", " ".join(_read("README.md").split()))]
   assert said == scores == [6, 5, 7, 4]  # README's sentence, in its order
+
+
+def test_equal_accuracies_are_different_solved_sets():
+  """docs/limits.md: pair2 runs of the per-pair sweep that end at the same accuracy solve different problems
+  (results/pair2_solved_sets.json reproduces each run's count from the loop's evaluation, and the equal counts
+  disagree on 38 and 30 problems)."""
+  sets = read_json(os.path.join(RESULTS, "pair2_solved_sets.json"), "solved-sets file")
+  runs = sets["runs"]
+  for s in (0, 1, 2):
+    rows = {r["point"]: r for r in read_results(os.path.join(RESULTS, f"pair_budgets_seed{s}.jsonl"))
+            if r["pair"] == "pair2"}
+    for point, row in rows.items():
+      name = f"seed{s}_{point}"
+      if name in runs:
+        assert runs[name]["solved"] == round(row["final_accuracy"] * sets["problems"]), name
+  same = {(p["a"], p["b"]): p["same_verdict"] for p in sets["pairs"]}
+  for a, b, disagree in (("seed0_k3_low", "seed0_k3_high", 38), ("seed2_k3_low", "seed2_k3_high", 30)):
+    assert runs[a]["solved"] == runs[b]["solved"] and sets["problems"] - same[(a, b)] == disagree
