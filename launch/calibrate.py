@@ -1,7 +1,7 @@
 """Budget calibration from sweep results:
 
   python launch/calibrate.py --results=DIR/results.jsonl --out=budget.json [--tolerance=0.02] [--relative]
-      [--pair_test=results/pair_budgets.json]
+      [--pair_test=results/pair_budgets.json] [--seed_means]
 
 Fits quality loss vs mismatch (k3 primary; k1, tv, mult_prob_error reported too), per pair and pooled, with
 bootstrap intervals, and says how far the per-pair budgets differ (does one budget transfer across pairs?).
@@ -23,6 +23,8 @@ _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Allowed quality loss: accura
 _RELATIVE = flags.DEFINE_bool("relative", False, "Tolerance relative to the baseline accuracy.")
 _HOLDOUT = flags.DEFINE_string("holdout", "", "Point names excluded from calibration (comma-separated), "
                                "kept for validating the admission check.")
+_SEED_MEANS = flags.DEFINE_bool("seed_means", False, "Each point is the mean over its seeds (the same sweep run "
+                                 "with seed=S, one results file per seed); the interval resamples points, then seeds.")
 _PAIR_TEST = flags.DEFINE_string("pair_test", None, "pair_budgets.json from launch/pair_budgets.py: its decision "
                                  "(per-pair or pooled budgets) goes into the budget file, and admission follows it.")
 
@@ -31,7 +33,7 @@ def run():
   from opd_jax.experiments import calibrate_report
   holdout = [p for p in _HOLDOUT.value.split(",") if p]
   calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
-                       holdout=holdout, pair_test=_PAIR_TEST.value)
+                       holdout=holdout, pair_test=_PAIR_TEST.value, seed_means=_SEED_MEANS.value)
 
 
 def main(argv):

@@ -71,6 +71,28 @@ def test_calibrate_and_verdict():
     budget_lib.calibrate(_rows()[:2])
 
 
+def test_seed_mean_calibration_pools_seeds_per_point_and_bootstraps_them():
+  """--seed_means: one point per configuration, the mean over its seeds, with their count and losses; one seed
+  per point gives exactly the single-run budget (the same bootstrap draws)."""
+  from opd_jax.experiments.calibrate_report import seed_mean_rows
+  one = build_budget(_rows(), tolerance=0.03, relative=False, other_scales=False)
+  again = build_budget(_rows(), tolerance=0.03, relative=False, other_scales=False, seed_means=True)
+  assert again["budgets"]["pair1"]["budget"] == one["budgets"]["pair1"]["budget"]
+  assert again["budgets"]["pair1"]["interval"] == one["budgets"]["pair1"]["interval"]
+  seeds = [_with(_rows(s), seed=s) for s in (0, 1, 2)]
+  merged = seed_mean_rows([r for rows in seeds for r in rows])
+  assert len(merged) == 13 and all(r["seeds"] == [0, 1, 2] for r in merged)
+  point = next(r for r in merged if r["point"] == "noise_11")
+  assert point["delta_final_accuracy"] == pytest.approx(np.mean([rows[12]["delta_final_accuracy"] for rows in seeds]))
+  budget = build_budget([r for rows in seeds for r in rows], tolerance=0.03, relative=False, other_scales=False,
+                        seed_means=True)
+  entry = budget["budgets"]["pair1"]
+  assert entry["fit"]["n"] == 13 and entry["points"][-1]["seeds"] == 3 and budget["seed_means"]
+  assert entry["interval"][0] <= entry["budget"] <= entry["interval"][1]
+  with pytest.raises(ValueError, match="differ in seed"):
+    seed_mean_rows(seeds[0] + seeds[0])
+
+
 @pytest.mark.slow
 def test_budget_file_has_pairs_pooled_and_transfer():
   budget = build_budget(_rows(0, "pair1") + _rows(1, "pair2"), tolerance=0.03, relative=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 
 from opd_jax.experiments.files import read_results, write_json
 from opd_jax.experiments.sweep import check_one_objective, fill_deltas
@@ -38,12 +40,37 @@ SCALE_MEASURED_AS = ("run mean: the training step's mismatch/k3 averaged over a 
                      "unconverted (their ratio on the held-out points: docs/study.md, two k3 quantities)")
 
 
-def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True) -> dict:
+def seed_mean_rows(rows: list[dict]) -> list[dict]:
+  """One row per (pair, point, run length): the seed mean of its runs' mismatch and accuracy delta, with the runs
+  kept as `seed_rows` (budget_lib.calibrate then bootstraps seeds within points). Runs of one point must share
+  their overrides and differ in seed."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault((r["pair"], r["point"], r.get("steps")), []).append(r)
+  out = []
+  for (pair, point, _), runs in groups.items():
+    seeds = [r.get("seed", 0) for r in runs]
+    if len(set(seeds)) != len(seeds) or any(r["overrides"] != runs[0]["overrides"] for r in runs):
+      raise InputError(f"{pair}/{point}: its runs must share one configuration and differ in seed (seeds {seeds}); "
+                       "pass each seed's results file once")
+    keys = set.intersection(*(set(k for k, v in r["mismatch"].items() if isinstance(v, float)) for r in runs))
+    out.append({**runs[0], "mismatch": {k: float(np.mean([r["mismatch"][k] for r in runs])) for k in keys},
+                "delta_final_accuracy": float(np.mean([r["delta_final_accuracy"] for r in runs])),
+                "final_accuracy": float(np.mean([r["final_accuracy"] for r in runs])),
+                "seeds": sorted(seeds), "seed_rows": runs})
+  return out
+
+
+def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True,
+                 seed_means: bool = False) -> dict:
   """Per-pair and pooled budgets (primary scale) plus the other scales' fits (`other_scales`), from finished
   sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
-  for that length."""
+  for that length. `seed_means`: each point is the mean over its seeds (runs of one pair, point and length from
+  several results files), with a bootstrap that resamples points and then seeds within them."""
   scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
   usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
+  if seed_means:
+    usable = seed_mean_rows(usable)
   main = main_horizon(usable) if usable else None
   horizons = sorted({r.get("steps") for r in usable}, key=lambda h: h or 0)
   budgets, others = {}, {}
@@ -71,7 +98,9 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
   return {"scale": PRIMARY, "scale_measured_as": SCALE_MEASURED_AS, "tolerance": tolerance,
           "tolerance_relative": relative, "steps": main,
           "horizons": horizons, "budgets": budgets, "other_scales": others, "transfer": transfer,
-          "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps")} for r in usable]}
+          "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps"),
+                    **({"seeds": r["seeds"]} if seed_means else {})} for r in usable],
+          **({"seed_means": True} if seed_means else {})}
 
 
 def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: float, relative: bool) -> dict:
@@ -108,7 +137,7 @@ def pair_test_entry(path: str) -> dict:
 
 
 def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str],
-        pair_test: str | None = None) -> dict:
+        pair_test: str | None = None, seed_means: bool = False) -> dict:
   if not 0 < tolerance < 1:
     raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
                      "of the baseline accuracy (e.g. 0.02)")
@@ -119,7 +148,7 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     raise InputError(f"--holdout names points that are in no results file: {', '.join(unknown)}")
   rows = [r for r in rows if r["point"] not in holdout]
   try:
-    result = build_budget(rows, tolerance=tolerance, relative=relative)
+    result = build_budget(rows, tolerance=tolerance, relative=relative, seed_means=seed_means)
   except InputError as e:
     if "no pair has" not in str(e):
       raise

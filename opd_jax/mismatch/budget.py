@@ -118,13 +118,22 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
     raise InputError(f"scale {scale!r} is not one of {sorted(SCALES)}")
   m = np.array([SCALES[scale](r["mismatch"]) for r in rows])
   q, tol = quality_losses(rows, tolerance, relative)
+  # Points that are seed means (calibrate_report's seed_means) carry their seeds' runs: the bootstrap resamples the
+  # points, then each drawn point's seeds (a point of one seed draws nothing more, so single runs bootstrap as before).
+  seed_m = [np.array([SCALES[scale](s["mismatch"]) for s in r.get("seed_rows", [r])]) for r in rows]
+  seed_q = [quality_losses(r.get("seed_rows", [r]), tolerance, relative)[0] for r in rows]
   fit, budget = _budget(m, q, tol)
   bounded = budget < float(m.max())
   rng = np.random.default_rng(seed)
   samples = []
   for _ in range(bootstrap):
     idx = rng.integers(0, len(m), len(m))
-    samples.append(_budget(m[idx], q[idx], tol)[1])
+    m_b, q_b = m[idx].copy(), q[idx].copy()
+    for j, i in enumerate(idx):
+      if len(seed_m[i]) > 1:
+        pick = rng.integers(0, len(seed_m[i]), len(seed_m[i]))
+        m_b[j], q_b[j] = seed_m[i][pick].mean(), seed_q[i][pick].mean()
+    samples.append(_budget(m_b, q_b, tol)[1])
   samples = np.array(samples)
   return {"scale": scale, "tolerance": tolerance, "tolerance_relative": relative, "tolerance_abs": tol,
           "budget": budget, "interval": [float(np.percentile(samples, 5)), float(np.percentile(samples, 95))],
@@ -132,8 +141,9 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
           "fit": {"model": "q = slope * max(0, log10(m / knee))", "knee": fit.knee, "slope": fit.slope,
                   "r2": fit.r2, "n": fit.n},
           "bounded": bounded,
-          "points": [{"pair": r["pair"], "point": r["point"], "mismatch": float(mi), "quality_loss": float(qi)}
-                     for r, mi, qi in zip(rows, m, q)]}
+          "points": [{"pair": r["pair"], "point": r["point"], "mismatch": float(mi), "quality_loss": float(qi),
+                      **({"seeds": len(sm), "seed_quality_losses": sq.tolist()} if "seed_rows" in r else {})}
+                     for r, mi, qi, sm, sq in zip(rows, m, q, seed_m, seed_q)]}
 
 
 def verdict(measured: float, budget: dict) -> dict:
