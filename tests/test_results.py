@@ -271,3 +271,19 @@ def test_equal_accuracies_are_different_solved_sets():
   same = {(p["a"], p["b"]): p["same_verdict"] for p in sets["pairs"]}
   for a, b, disagree in (("seed0_k3_low", "seed0_k3_high", 38), ("seed2_k3_low", "seed2_k3_high", 30)):
     assert runs[a]["solved"] == runs[b]["solved"] and sets["problems"] - same[(a, b)] == disagree
+
+
+@pytest.mark.slow  # a full calibration with a seed-level bootstrap (~10 s)
+def test_the_seed_mean_budgets_are_recomputed_from_the_shipped_seeds():
+  """results/replicated/budget_seed_means.json is launch/calibrate.py --seed_means over the shipped seed files; each
+  of its points states how many seeds it averages, and its intervals resample them."""
+  path = os.path.join(RESULTS, "replicated", "budget_seed_means.json")
+  shipped = read_budget(path)
+  paths = [os.path.join(ROOT, p) for p in shipped["results"]]
+  again = build_budget(load_rows(paths), tolerance=shipped["tolerance"], relative=shipped["tolerance_relative"],
+                       other_scales=False, seed_means=True)
+  for key, entry in again["budgets"].items():
+    assert shipped["budgets"][key]["budget"] == pytest.approx(entry["budget"], rel=1e-9), key
+    assert shipped["budgets"][key]["interval"] == pytest.approx(entry["interval"], rel=1e-9), key
+  points = shipped["budgets"]["pooled"]["points"]
+  assert shipped["seed_means"] and min(p["seeds"] for p in points) >= 3

@@ -4,9 +4,9 @@
                         launch/prefix_shift.py --seed=S (seed 0 is the unsuffixed file): the prefix shift and the
                         per-token estimate errors over seeds, with the spread between them
   pair_budgets.json     launch/pair_budgets.py: the pre-registered per-pair budget test and its decision
-  sources_pair1_seed<S>.jsonl
-                        configs/sweeps/sources.py:pairs=pair1,seed=S: pair1's calibration points again with seeds 1
-                        and 2 (seed 0 is results/sources.jsonl), so each point's single-run noise is measured
+  replicated/sources_seed<S>.jsonl, replicated/budget_seed_means.json
+                        configs/sweeps/sources.py:seed=S: every calibration point again with seeds 1 and 2 (seed 0 is
+                        results/sources.jsonl), and launch/calibrate.py --seed_means over the three
   validation_pairs.json launch/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
                         three fresh seeds and fresh baselines, next to the simple rules
 """
@@ -24,7 +24,8 @@ from opd_jax.experiments.real_pair_tables import _md
 SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json",
            "corrections over seeds (prefix shift, pair1)": "results/prefix_shift_pair1*.json",
            "per-pair budget test (pre-registered)": "results/pair_budgets.json",
-           "pair1 calibration points over seeds": "results/sources.jsonl, results/sources_pair1_seed*.jsonl",
+           "calibration points over seeds": "results/sources.jsonl, results/replicated/sources_seed*.jsonl",
+           "budgets: one seed per point vs the seed mean": "results/budget.json, results/replicated/budget_seed_means.json",
            "validation with fresh seeds": "results/validation_pairs.json",
            "validation with fresh seeds against simple rules": "results/validation_pairs.json",
            "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json"}
@@ -103,6 +104,19 @@ def seeds_table(points: list[dict], tolerance: float) -> str:
               f"vs tolerance {100 * tolerance:g}"], body)
 
 
+def budgets_side_by_side(single: dict, means: dict) -> str:
+  """Each budget calibrated on single runs (budget.json) next to the one on seed means, with their intervals."""
+  body = []
+  for key, b in means["budgets"].items():
+    one = single["budgets"].get(key)
+    seeds = sorted({p.get("seeds", 1) for p in b["points"]})
+    body.append([key, "n/a" if one is None else f"{one['budget']:.3g} [{one['interval'][0]:.3g}, "
+                 f"{one['interval'][1]:.3g}]", f"{b['budget']:.3g} [{b['interval'][0]:.3g}, {b['interval'][1]:.3g}]",
+                 str(b["fit"]["n"]), "/".join(map(str, seeds)), "yes" if b["bounded"] else "no"])
+  return _md(["budget", "one seed per point [90% interval]", "seed mean [90% interval, seeds resampled]", "points",
+              "seeds per point", "bounded"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
   from opd_jax.experiments import results_tables
   from opd_jax.experiments.validation import admission_vs_run_k3
@@ -114,13 +128,17 @@ def tables(results_dir: str) -> dict[str, str]:
   path = os.path.join(results_dir, "pair_budgets.json")
   if os.path.exists(path):
     out["per-pair budget test (pre-registered)"] = pair_test_table(read_json(path, "per-pair test file"))
-  replicas = sorted(glob.glob(os.path.join(results_dir, "sources_pair1_seed*.jsonl")))
+  replicas = sorted(glob.glob(os.path.join(results_dir, "replicated", "sources_seed*.jsonl")))
   if replicas:
     from opd_jax.experiments.calibrate_report import load_rows
     from opd_jax.experiments.pair_budgets import summarize
-    rows = [r for r in load_rows([os.path.join(results_dir, "sources.jsonl")] + replicas) if r["pair"] == "pair1"]
+    rows = load_rows([os.path.join(results_dir, "sources.jsonl")] + replicas)
     tolerance = read_json(os.path.join(results_dir, "budget.json"), "budget file")["tolerance"]
-    out["pair1 calibration points over seeds"] = seeds_table(summarize(rows, tolerance), tolerance)
+    out["calibration points over seeds"] = seeds_table(summarize(rows, tolerance), tolerance)
+  path = os.path.join(results_dir, "replicated", "budget_seed_means.json")
+  if os.path.exists(path):
+    out["budgets: one seed per point vs the seed mean"] = budgets_side_by_side(
+        read_json(os.path.join(results_dir, "budget.json"), "budget file"), read_json(path, "budget file"))
   path = os.path.join(results_dir, "validation_pairs.json")
   if os.path.exists(path):
     validation = read_json(path, "validation file")
