@@ -4,13 +4,18 @@
 
 FILE maps "METHOD /path" to {"status": code, "body": json} (or a list of them, answered in turn, the last one
 repeated). Prints "serving replay at http://127.0.0.1:PORT/v1" once it listens on a free port, answers at most
-N requests (a bounded loop), then exits; the test stops it either way.
+N requests (a bounded loop), then exits; the test stops it either way, and it stops itself once the process that
+started it is gone (opd_jax/serving/processes.py: exit_with_parent).
 """
 
 import argparse
 import http.server
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from opd_jax.serving.processes import exit_with_parent  # noqa: E402
 
 
 def main():
@@ -52,6 +57,7 @@ def main():
       pass
 
   server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+  exit_with_parent(poll_s=0.2)
   print(f"serving replay at http://127.0.0.1:{server.server_address[1]}/v1", file=sys.stderr, flush=True)
   for _ in range(args.max_requests):
     server.handle_request()

@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -147,3 +150,29 @@ def test_an_outage_waits_and_one_past_retry_for_s_stops(tmp_path):
     client.score(*_recorded_batch())
   client.close()
   assert len(warnings) == 1 and "is not answering" in warnings[0] and client.outages == 1
+
+
+def _alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie nobody reaped has exited)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+  except FileNotFoundError:
+    return False
+
+
+def test_a_server_does_not_outlive_the_process_that_started_it():
+  """A server started with processes.start stops itself once its starter is gone, even when the starter dies
+  without stopping it (here os._exit; in CI a crashed pytest worker), so no orphan keeps its memory and port."""
+  starter = ("import os, sys; from opd_jax.serving import processes; "
+             "proc, url = processes.start(['tests/replay_server.py', '--responses=' + sys.argv[1]], cwd='.'); "
+             "print(proc.pid, flush=True); os._exit(0)")
+  out = subprocess.run([sys.executable, "-c", starter, RECORDED], cwd=servers.REPO, env=servers.ENV,
+                       capture_output=True, text=True, timeout=120)
+  pid = int(out.stdout.split()[0])
+  deadline = time.time() + 30
+  while _alive(pid) and time.time() < deadline:
+    time.sleep(0.1)
+  if _alive(pid):
+    os.kill(pid, 9)
+    pytest.fail(f"the server {pid} outlived the process that started it")

@@ -145,11 +145,14 @@ def build_app(scorer: Scorer, *, model_name: str, tokenizer=None, decoded_tokens
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, announce: str = "") -> None:
-  """Runs `app` under uvicorn until SIGTERM / SIGINT (graceful). port 0 picks a free port; the line
-  "serving {announce} at http://HOST:PORT/v1" goes to stderr once the socket listens."""
+  """Runs `app` under uvicorn until SIGTERM / SIGINT (graceful), or until the process that started it with
+  processes.start is gone. port 0 picks a free port; the line "serving {announce} at http://HOST:PORT/v1" goes to
+  stderr once the socket listens."""
   import socket
 
   import uvicorn
+
+  from opd_jax.serving.processes import exit_with_parent
   sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
@@ -160,4 +163,5 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, announce: str = "") ->
   bound = sock.getsockname()[1]
   print(f"serving {announce} at http://{host}:{bound}/v1", file=sys.stderr, flush=True)
   config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30, lifespan="off")
+  exit_with_parent()
   uvicorn.Server(config).run(sockets=[sock])
