@@ -4,6 +4,9 @@ pairs= / steps= / lr= / objective= / seed=).
 
   python launch/sweep.py --config=configs/sweeps/noise.py --workdir=runs/sweep_noise                 # pair1
   python launch/sweep.py --config=configs/sweeps/noise.py:steps=75,grid=bound --workdir=runs/sweep_noise_75
+
+The horizon test (issue 23) runs grid=bound at steps=40, 75 and 150 (configs/sweeps/sources.py) with seeds 0, 1, 2.
+Its rule, written before the 40-step runs finished: HORIZON_RULE.
 """
 
 import os
@@ -13,7 +16,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import sweep_config  # noqa: E402
 
 SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)  # grid=full
-BOUND_SIGMAS = (0.1, 0.15, 0.2, 0.3)  # grid=bound: as configs/sweeps/sources.py (pair1 crosses at 0.15-0.175)
+BOUND_SIGMAS = (0.1, 0.15, 0.2, 0.3)
+HORIZON_RULE = ("Run length moves the budget only if pair1's seed-mean quality loss at sigma 0.15 (the grid point "
+                "nearest its crossing) has its 95% seed interval wholly inside the 5-point tolerance at one of the "
+                "three lengths (40, 75, 150 steps) and wholly beyond it at another. Otherwise budget.json still "
+                "keeps a budget per calibrated length, and the study says run length is not shown to move it.")  # grid=bound: as configs/sweeps/sources.py (pair1 crosses at 0.15-0.175)
 
 
 def get_config(arg=None):
