@@ -27,6 +27,8 @@ _HELDOUT = flags.DEFINE_multi_string("heldout_results", [], "--validate: results
                                      "the hash hold-out.")
 _EXCLUDE = flags.DEFINE_list("heldout_exclude", [], "--validate: pair/point rows of --heldout_results to leave out "
                               "(e.g. pair3/k3_low when it repeats a calibration configuration).")
+_SEED_MEANS = flags.DEFINE_bool("seed_means", False, "--validate: calibrate on seed means, as launch/calibrate.py "
+                                 "--seed_means (give every seed's --results file).")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
 _OUT = flags.DEFINE_string("out", "report", "Output directory.")
@@ -39,8 +41,8 @@ def run():
   if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
     raise InputError(f"--holdout_fraction={_HOLDOUT.value:g} and --tolerance={_TOLERANCE.value:g} must be in (0, 1) "
                      f"and --prompts={_PROMPTS.value} >= 1")
-  if (_HELDOUT.value or _EXCLUDE.value) and not _VALIDATE.value:
-    raise InputError("--heldout_results and --heldout_exclude are only read with --validate")
+  if (_HELDOUT.value or _EXCLUDE.value or _SEED_MEANS.value) and not _VALIDATE.value:
+    raise InputError("--heldout_results, --heldout_exclude and --seed_means are only read with --validate")
   if _VALIDATE.value:
     from configs import common
     from opd_jax.experiments.calibrate_report import load_rows
@@ -53,7 +55,7 @@ def run():
     heldout = [r for r in heldout if f"{r['pair']}/{r['point']}" not in _EXCLUDE.value]
     result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
-                      num_prompts=_PROMPTS.value, heldout=heldout)
+                      num_prompts=_PROMPTS.value, heldout=heldout, seed_means=_SEED_MEANS.value)
     os.makedirs(_OUT.value, exist_ok=True)
     validation = validation or os.path.join(_OUT.value, "validation.json")
     write_json(validation, result)

@@ -363,6 +363,8 @@ def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():
   agreed = {rule: e["agreed"] for rule, e in compared["rules"].items()}
   assert agreed == {"admission check (per-pair budgets)": 3, "reject all": 2, "admit all": 1,
                     "pooled budget for every pair": 1, "best constant k3 threshold (hindsight)": 2}
+  # Two separate threshold ranges score 2 (reject all, or admit up to pair2's 0.6); the ones between score 1.
+  assert compared["rules"]["best constant k3 threshold (hindsight)"]["thresholds"] == [[0.0, 0.3], [0.6, 2.0]]
   assert (compared["seed_level"]["agreed"], compared["seed_level"]["n"]) == (5, 6)  # pair2 @0.6: one seed lost
   assert compared["straddling"] == 1
 

@@ -139,6 +139,8 @@ CASES = [
      "--out={d}/report", "holds a JSON list"),
     ("report_heldout_alone", "launch/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
      "--out={d}/report", "only read with --validate"),
+    ("report_seed_means_alone", "launch/report.py", "--results={d}/ok.jsonl", "--seed_means", "--out={d}/report",
+     "--seed_means are only read with --validate"),
     ("report_exclude_unknown", "launch/report.py", "--results={d}/ok.jsonl", "--validate",
      "--heldout_results={d}/ok.jsonl", "--heldout_exclude=pair9/x", "--out={d}/report", "--heldout_exclude names"),
     ("solved_sets_run_spec", "launch/solved_sets.py", "--config=configs/pair2.py", "--run={d}/none",

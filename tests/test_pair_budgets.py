@@ -58,3 +58,30 @@ def test_admission_uses_the_pooled_budget_when_the_test_says_pooled():
   budget["per_pair_test"] = {"decision": "pooled", "file": "t.json"}
   source, chosen, note = pick_budget(budget, "pair2")
   assert (source, chosen) == ("pooled", pooled) and "indistinguishable (t.json)" in note
+
+
+def _horizon_rows(losses_by_steps: dict[int, list[float]]) -> list[dict]:
+  """pair1's baseline and noise_0.15 at each run length, one results file per (length, seed)."""
+  rows = []
+  for steps, losses in losses_by_steps.items():
+    for seed, loss in enumerate(losses):
+      runs = [{"pair": "pair1", "point": point, "status": "ok", "seed": seed, "steps": steps, "final_accuracy": acc,
+               "best_accuracy": acc, "overrides": {} if point == "baseline" else {"rollout.noise_sigma": 0.15},
+               "mismatch": {"mismatch/k3": 0.7}, "rollout": {"noise_seed": seed}}
+              for point, acc in (("baseline", 0.6), ("noise_0.15", 0.6 - loss))]
+      rows += fill_deltas(runs)
+  return rows
+
+
+def test_the_horizon_test_needs_one_length_inside_and_another_beyond():
+  from opd_jax.experiments import horizon
+  moves = horizon.decide(_horizon_rows({40: [0.0, 0.01, 0.02], 75: [0.03, 0.06, 0.07], 150: [0.06, 0.08, 0.1]}),
+                         0.05)
+  assert moves["decision"] == "moves" and [p["side"] for p in moves["lengths"]] == ["inside", "straddles", "beyond"]
+  assert moves["outcome"].startswith("40 steps: 1.0 points [0.0, 2.0] (inside)")
+  # Straddling at one end is not enough: no length is wholly inside.
+  flat = horizon.decide(_horizon_rows({40: [0.03, 0.06, 0.07], 75: [0.03, 0.06, 0.07], 150: [0.06, 0.08, 0.1]}),
+                        0.05)
+  assert flat["decision"] == "not shown"
+  with pytest.raises(InputError, match=r"three run lengths .* have lengths \[75, 150\], short of seeds: \[75\]"):
+    horizon.decide(_horizon_rows({75: [0.03, 0.06], 150: [0.06, 0.08, 0.1]}), 0.05)

@@ -15,12 +15,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import sweep_config  # noqa: E402
 
+from opd_jax.experiments import horizon  # noqa: E402
+
 SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)  # grid=full
-BOUND_SIGMAS = (0.1, 0.15, 0.2, 0.3)
-HORIZON_RULE = ("Run length moves the budget only if pair1's seed-mean quality loss at sigma 0.15 (the grid point "
-                "nearest its crossing) has its 95% seed interval wholly inside the 5-point tolerance at one of the "
-                "three lengths (40, 75, 150 steps) and wholly beyond it at another. Otherwise budget.json still "
-                "keeps a budget per calibrated length, and the study says run length is not shown to move it.")  # grid=bound: as configs/sweeps/sources.py (pair1 crosses at 0.15-0.175)
+BOUND_SIGMAS = (0.1, 0.15, 0.2, 0.3)  # grid=bound: as configs/sweeps/sources.py (pair1 crosses at 0.15-0.175)
+HORIZON_RULE = horizon.RULE  # the horizon test's rule (opd_jax/experiments/horizon.py), committed before its runs
 
 
 def get_config(arg=None):

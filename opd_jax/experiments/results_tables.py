@@ -88,7 +88,8 @@ def validation_rules_table(validation: dict) -> str:
   compared = compare_with_rules(validation)
   body = []
   for rule, e in list(compared["rules"].items()) + [("admission check, seed by seed", compared["seed_level"])]:
-    note = f"any threshold in [{_g(e['thresholds'][0])}, {_g(e['thresholds'][1])})" if "thresholds" in e else ""
+    note = ("any threshold in " + " or ".join(f"[{_g(lo)}, {_g(hi)})" for lo, hi in e["thresholds"])
+            if "thresholds" in e else "")
     body.append([rule, f"{e['agreed']} / {e['n']}", f"{100 * e['interval'][0]:.0f}-{100 * e['interval'][1]:.0f}%",
                  note])
   return _md(["rule", "agrees with the real runs", "95% Wilson interval", "note"], body)

@@ -4,9 +4,14 @@
                         launch/prefix_shift.py --seed=S (seed 0 is the unsuffixed file): the prefix shift and the
                         per-token estimate errors over seeds, with the spread between them
   pair_budgets.json     launch/pair_budgets.py: the pre-registered per-pair budget test and its decision
-  replicated/sources_seed<S>.jsonl, replicated/budget_seed_means.json
-                        configs/sweeps/sources.py:seed=S: every calibration point again with seeds 1 and 2 (seed 0 is
-                        results/sources.jsonl), and launch/calibrate.py --seed_means over the three
+  replicated/sources_seed<S>.jsonl, replicated/noise_75_seed<S>.jsonl, budget.json
+                        configs/sweeps/sources.py:seed=S and noise.py:steps=75,grid=bound,seed=S: every calibration
+                        point again with seeds 1 and 2 (seed 0 is results/sources.jsonl and noise_75.jsonl), and
+                        launch/calibrate.py --seed_means over the three (budget.json, which admission reads)
+  replicated/budget_one_seed.json
+                        the budgets calibrated on seed 0 alone (admission's budgets before the replicated calibration)
+  replicated/noise_40_seed<S>.jsonl
+                        configs/sweeps/noise.py:steps=40,grid=bound,seed=S: the third run length of the horizon test
   validation_pairs.json launch/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
                         three fresh seeds and fresh baselines, next to the simple rules
 """
@@ -25,7 +30,10 @@ SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json"
            "corrections over seeds (prefix shift, pair1)": "results/prefix_shift_pair1*.json",
            "per-pair budget test (pre-registered)": "results/pair_budgets.json",
            "calibration points over seeds": "results/sources.jsonl, results/replicated/sources_seed*.jsonl",
-           "budgets: one seed per point vs the seed mean": "results/budget.json, results/replicated/budget_seed_means.json",
+           "75-step calibration points over seeds (pair1)":
+               "results/noise_75.jsonl, results/replicated/noise_75_seed*.jsonl",
+           "budgets: one seed per point vs the seed mean": "results/replicated/budget_one_seed.json, results/budget.json",
+           "horizon test (pre-registered)": "results/sources.jsonl, results/replicated/*.jsonl, results/noise_75.jsonl",
            "validation with fresh seeds": "results/validation_pairs.json",
            "validation with fresh seeds against simple rules": "results/validation_pairs.json",
            "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json"}
@@ -105,7 +113,8 @@ def seeds_table(points: list[dict], tolerance: float) -> str:
 
 
 def budgets_side_by_side(single: dict, means: dict) -> str:
-  """Each budget calibrated on single runs (budget.json) next to the one on seed means, with their intervals."""
+  """Each budget calibrated on seed 0 alone (replicated/budget_one_seed.json) next to the one on seed means
+  (budget.json), with their intervals."""
   body = []
   for key, b in means["budgets"].items():
     one = single["budgets"].get(key)
@@ -115,6 +124,23 @@ def budgets_side_by_side(single: dict, means: dict) -> str:
                  str(b["fit"]["n"]), "/".join(map(str, seeds)), "yes" if b["bounded"] else "no"])
   return _md(["budget", "one seed per point [90% interval]", "seed mean [90% interval, seeds resampled]", "points",
               "seeds per point", "bounded"], body)
+
+
+def horizon_table(test: dict, budget: dict) -> str:
+  """horizon.decide's lengths: each seed's loss at the test point, the seed mean with its interval and side, and
+  pair1's seed-mean budget calibrated at that length (budget.json)."""
+  from opd_jax.experiments.calibrate_report import horizon_key
+  body = []
+  for p in test["lengths"]:
+    lo, hi = p["interval"]
+    b = budget["budgets"].get(horizon_key(test["pair"], p["steps"], budget["steps"]))
+    body.append([str(p["steps"]), f"{p['run_k3']:.3g}", ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
+                 f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"],
+                 "n/a" if b is None else f"{b['budget']:.3g} [{b['interval'][0]:.3g}, {b['interval'][1]:.3g}]"])
+  body.append(["all", "", "", "", test["decision"], ""])
+  return _md(["run length (steps)", f"{test['point']} run-mean k3 (seed mean)", "quality loss per seed",
+              "seed mean [95% interval]", f"vs tolerance {100 * test['tolerance']:g}",
+              f"{test['pair']} budget (seed means) [90% interval]"], body)
 
 
 def tables(results_dir: str) -> dict[str, str]:
@@ -128,17 +154,27 @@ def tables(results_dir: str) -> dict[str, str]:
   path = os.path.join(results_dir, "pair_budgets.json")
   if os.path.exists(path):
     out["per-pair budget test (pre-registered)"] = pair_test_table(read_json(path, "per-pair test file"))
-  replicas = sorted(glob.glob(os.path.join(results_dir, "replicated", "sources_seed*.jsonl")))
-  if replicas:
+  replicated = os.path.join(results_dir, "replicated")
+  files = {name: sorted(glob.glob(os.path.join(replicated, f"{name}_seed*.jsonl")))
+           for name in ("sources", "noise_75", "noise_40")}
+  if files["sources"]:
+    from opd_jax.experiments import horizon
     from opd_jax.experiments.calibrate_report import load_rows
     from opd_jax.experiments.pair_budgets import summarize
-    rows = load_rows([os.path.join(results_dir, "sources.jsonl")] + replicas)
-    tolerance = read_json(os.path.join(results_dir, "budget.json"), "budget file")["tolerance"]
+    budget = read_json(os.path.join(results_dir, "budget.json"), "budget file")
+    tolerance = budget["tolerance"]
+    rows = load_rows([os.path.join(results_dir, "sources.jsonl")] + files["sources"])
     out["calibration points over seeds"] = seeds_table(summarize(rows, tolerance), tolerance)
-  path = os.path.join(results_dir, "replicated", "budget_seed_means.json")
+    if files["noise_75"]:
+      rows_75 = load_rows([os.path.join(results_dir, "noise_75.jsonl")] + files["noise_75"])
+      out["75-step calibration points over seeds (pair1)"] = seeds_table(summarize(rows_75, tolerance), tolerance)
+      if len(files["noise_40"]) >= 3:
+        test = horizon.decide(rows + rows_75 + load_rows(files["noise_40"]), tolerance)
+        out["horizon test (pre-registered)"] = horizon_table(test, budget)
+  path = os.path.join(replicated, "budget_one_seed.json")
   if os.path.exists(path):
     out["budgets: one seed per point vs the seed mean"] = budgets_side_by_side(
-        read_json(os.path.join(results_dir, "budget.json"), "budget file"), read_json(path, "budget file"))
+        read_json(path, "budget file"), read_json(os.path.join(results_dir, "budget.json"), "budget file"))
   path = os.path.join(results_dir, "validation_pairs.json")
   if os.path.exists(path):
     validation = read_json(path, "validation file")

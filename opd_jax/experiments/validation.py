@@ -68,7 +68,8 @@ def group_seeds(rows: list[dict]) -> list[dict]:
 
 
 def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tolerance: float, relative: bool,
-             num_prompts: int, seed: int = 0, heldout: list[dict] | None = None, log=print) -> dict:
+             num_prompts: int, seed: int = 0, heldout: list[dict] | None = None, seed_means: bool = False,
+             log=print) -> dict:
   rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if heldout:
     held = group_seeds(heldout)
@@ -87,7 +88,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
       raise InputError(f"no sweep point falls in holdout_fraction={holdout_fraction}; raise it")
     keys = {(r["pair"], r["point"]) for r in held}
     calibration_rows = [r for r in rows if (r["pair"], r["point"]) not in keys]
-  budget_file = build_budget(calibration_rows, tolerance=tolerance, relative=relative)
+  budget_file = build_budget(calibration_rows, tolerance=tolerance, relative=relative, seed_means=seed_means)
   calibrations, out = {}, []
   for row in held:
     config = load_pair_config(row["pair"])
@@ -126,7 +127,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
 def compare_with_rules(validation: dict) -> dict:
   """The admission check's agreement next to what rules that measure less would score on the same held-out
   configurations: reject all, admit all, the pooled budget for every pair, and the best single k3 threshold in
-  hindsight (with the range of thresholds that score it); and agreement seed by seed (each seed's own quality
+  hindsight (with the ranges of thresholds that score it); and agreement seed by seed (each seed's own quality
   loss against the tolerance, judged by the same admission verdict) next to the seed-mean one. A validation
   that a trivial rule matches does not tell budgets apart."""
   rows, budgets = validation["rows"], validation["budget"]["budgets"]
@@ -146,10 +147,15 @@ def compare_with_rules(validation: dict) -> dict:
   cuts = [values[0] / 2] + [(a + b) / 2 for a, b in zip(values, values[1:])] + [values[-1] * 2]
   scores = [sum((r["measured"] <= t) == r["real_ok"] for r in rows) for t in cuts]
   best = max(scores)
-  winning = [i for i, score in enumerate(scores) if score == best]
-  low = values[winning[0] - 1] if winning[0] > 0 else 0.0  # thresholds in [low, high) all score `best`
-  high = values[winning[-1]] if winning[-1] < len(values) else math.inf
-  rules["best constant k3 threshold (hindsight)"] = {**entry(best, n), "thresholds": [low, high]}
+  ranges = []  # [low, high): the thresholds that score `best`, one range per run of winning cuts
+  for i, score in enumerate(scores):
+    if score == best:
+      low, high = (values[i - 1] if i > 0 else 0.0), (values[i] if i < len(values) else math.inf)
+      if ranges and ranges[-1][1] == low:
+        ranges[-1][1] = high
+      else:
+        ranges.append([low, high])
+  rules["best constant k3 threshold (hindsight)"] = {**entry(best, n), "thresholds": ranges}
   seed_agreed = seed_total = straddling = 0
   for r in rows:
     tolerance = budgets.get(r["pair"], budgets["pooled"])["tolerance_abs"]
