@@ -38,11 +38,16 @@ def preflight(config, served, teacher_score, teacher_state, batch, warn, name: s
   process, and between two served scorings; refused (InputError) or warned about above
   served_teacher.preflight_max_k3. name: a multi-teacher run's teacher (metrics teachers/<name>/preflight_*;
   "" = config.teacher, teacher/preflight_*)."""
-  mask = batch.mask_BxR
-  local = teacher_score(teacher_state, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask).logp_BxR
-  host = distributed.to_host((batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, mask))
+  local = teacher_score(teacher_state, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
+                        batch.mask_BxR).logp_BxR
+  # Compared on whole host copies, on one device: the served scores are host arrays (every process has them). Mixing
+  # them with the mesh-sharded scores ran an 8-device program here that aborted the process inside XLA (SIGABRT),
+  # twice in full test-suite runs on 2 cores; the one-device comparison needs no cross-device step at all.
+  *host, local_BxR = distributed.to_host((batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
+                                          batch.mask_BxR, local))
   first, again = (jnp.asarray(served.score(*host)[0]) for _ in range(2))
-  served_vs_local = token_metrics(first, local, mask)
+  local_BxR, mask = jnp.asarray(local_BxR), jnp.asarray(host[3])
+  served_vs_local = token_metrics(first, local_BxR, mask)
   repeat = token_metrics(again, first, mask)
   prefix = f"teachers/{name}/" if name else "teacher/"
   k3, repeat_k3 = float(served_vs_local["k3"]), float(repeat["k3"])
