@@ -278,8 +278,17 @@ def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
   assert constant_fails == {("pair2", "k3_high"), ("pair3", "k3_high")} and len(disagree | constant_fails) >= 3
   scores = [rules[k]["agreed"] for k in ("admission check (per-pair budgets)", "pooled budget for every pair",
                                          "best constant k3 threshold (hindsight)", "reject all")]
-  said = [int(n) for n in re.findall(r"(\d) of 8", " ".join(_read("README.md").split()))]
+  readme = " ".join(_read("README.md").split())
+  said = [int(n) for n in re.findall(r"(\d) of 8", readme)]
   assert said == scores == [7, 5, 7, 4]  # README's sentence, in its order
+  compared = compare_with_rules(validation)
+  wilson = [rules[k]["interval"] for k in ("admission check (per-pair budgets)", "pooled budget for every pair",
+                                           "best constant k3 threshold (hindsight)", "reject all")]
+  seeds = compared["seed_level"]
+  wilson.append(seeds["interval"])
+  assert [f"{100 * lo:.0f}-{100 * hi:.0f}%" for lo, hi in wilson] == re.findall(r"(\d+-\d+%)\)", readme)[:5]
+  assert f"agree on {seeds['agreed']} of {seeds['n']} runs" in readme
+  assert rules["admit all"]["agreed"] == rules["reject all"]["agreed"]  # "..., as does admitting everything"
 
 
 def test_the_real_pair_screen_verdicts_stand_against_the_seed_mean_budget():
