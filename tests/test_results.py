@@ -268,7 +268,8 @@ def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
   assert {k: budgets[k]["budget"] for k in ("pair1", "pair2", "pair3", "pooled")} == \
          pytest.approx({k: shipped[k]["budget"] for k in ("pair1", "pair2", "pair3", "pooled")}, rel=1e-9)
   from opd_jax.experiments.validation import compare_with_rules
-  rules = compare_with_rules(validation)["rules"]
+  compared = compare_with_rules(validation)
+  rules = compared["rules"]
   disagree = {(r["pair"], r["point"]) for r in rows
               if (r["measured"] <= budgets[r["pair"]]["budget"]) != (r["measured"] <= budgets["pooled"]["budget"])}
   best = rules["best constant k3 threshold (hindsight)"]
@@ -281,7 +282,6 @@ def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
   readme = " ".join(_read("README.md").split())
   said = [int(n) for n in re.findall(r"(\d) of 8", readme)]
   assert said == scores == [7, 5, 7, 4]  # README's sentence, in its order
-  compared = compare_with_rules(validation)
   wilson = [rules[k]["interval"] for k in ("admission check (per-pair budgets)", "pooled budget for every pair",
                                            "best constant k3 threshold (hindsight)", "reject all")]
   seeds = compared["seed_level"]
@@ -307,14 +307,9 @@ def test_the_horizon_test_is_recomputed_from_the_shipped_runs():
   """The pre-registered horizon test (opd_jax/experiments/horizon.py) over the shipped pair1 noise runs at 40, 75 and
   150 steps, three seeds each: README states its outcome and the 40- and 150-step losses it read, and budget.json
   keeps pair1's budget at every length."""
-  import glob
   from opd_jax.experiments import horizon
-  from opd_jax.experiments.calibrate_report import load_rows
-  replicated = os.path.join(RESULTS, "replicated")
-  rows = [r for first, name in (("sources.jsonl", "sources"), ("noise_75.jsonl", "noise_75"), (None, "noise_40"))
-          for r in load_rows(([os.path.join(RESULTS, first)] if first else []) +
-                             sorted(glob.glob(os.path.join(replicated, f"{name}_seed*.jsonl"))))]
-  test = horizon.decide(rows, 0.05)
+  from opd_jax.experiments.study_tables import seed_rows
+  test = horizon.decide([r for name in ("sources", "noise_75", "noise_40") for r in seed_rows(RESULTS, name)], 0.05)
   assert [p["steps"] for p in test["lengths"]] == [40, 75, 150] and all(len(p["seeds"]) == 3 for p in test["lengths"])
   readme = " ".join(_read("README.md").split())
   word = {"moves": "run length moves the budget", "not shown": "run length is not shown to move the budget"}

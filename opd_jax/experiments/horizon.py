@@ -24,11 +24,8 @@ def decide(rows: list[dict], tolerance: float) -> dict:
   Returns every length's entry at POINT (pair_budgets.summarize's numbers plus `steps`) and the decision:
   "moves" or "not shown"."""
   lengths = sorted({r.get("steps") for r in rows if r["pair"] == PAIR and r["point"] == POINT})
-  at = []
-  for steps in lengths:
-    entries = [p for p in summarize([r for r in rows if r.get("steps") == steps], tolerance)
-               if (p["pair"], p["point"]) == (PAIR, POINT)]
-    at.append({**entries[0], "steps": steps})
+  at = [{**summarize([r for r in rows if r.get("steps") == steps and (r["pair"], r["point"]) == (PAIR, POINT)],
+                     tolerance)[0], "steps": steps} for steps in lengths]
   short = [p["steps"] for p in at if len(p["seeds"]) < MIN_SEEDS]
   if len(at) < 3 or short:
     raise InputError(f"the horizon test needs {PAIR}/{POINT} at three run lengths with >= {MIN_SEEDS} seeds each; "

@@ -112,6 +112,20 @@ def seeds_table(points: list[dict], tolerance: float) -> str:
               f"vs tolerance {100 * tolerance:g}"], body)
 
 
+def _budget_cell(b: dict | None) -> str:
+  """A budget with its 90% interval, or n/a."""
+  return "n/a" if b is None else f"{b['budget']:.3g} [{b['interval'][0]:.3g}, {b['interval'][1]:.3g}]"
+
+
+def seed_rows(results_dir: str, name: str) -> list[dict]:
+  """A calibration sweep's rows over its seeds: results/NAME.jsonl (seed 0, when shipped) and
+  results/replicated/NAME_seed<S>.jsonl, each with its deltas against its own seed's baseline."""
+  from opd_jax.experiments.calibrate_report import load_rows
+  first = os.path.join(results_dir, f"{name}.jsonl")
+  return load_rows(([first] if os.path.exists(first) else []) +
+                   sorted(glob.glob(os.path.join(results_dir, "replicated", f"{name}_seed*.jsonl"))))
+
+
 def budgets_side_by_side(single: dict, means: dict) -> str:
   """Each budget calibrated on seed 0 alone (replicated/budget_one_seed.json) next to the one on seed means
   (budget.json), with their intervals."""
@@ -119,9 +133,8 @@ def budgets_side_by_side(single: dict, means: dict) -> str:
   for key, b in means["budgets"].items():
     one = single["budgets"].get(key)
     seeds = sorted({p.get("seeds", 1) for p in b["points"]})
-    body.append([key, "n/a" if one is None else f"{one['budget']:.3g} [{one['interval'][0]:.3g}, "
-                 f"{one['interval'][1]:.3g}]", f"{b['budget']:.3g} [{b['interval'][0]:.3g}, {b['interval'][1]:.3g}]",
-                 str(b["fit"]["n"]), "/".join(map(str, seeds)), "yes" if b["bounded"] else "no"])
+    body.append([key, _budget_cell(one), _budget_cell(b), str(b["fit"]["n"]), "/".join(map(str, seeds)),
+                 "yes" if b["bounded"] else "no"])
   return _md(["budget", "one seed per point [90% interval]", "seed mean [90% interval, seeds resampled]", "points",
               "seeds per point", "bounded"], body)
 
@@ -135,8 +148,7 @@ def horizon_table(test: dict, budget: dict) -> str:
     lo, hi = p["interval"]
     b = budget["budgets"].get(horizon_key(test["pair"], p["steps"], budget["steps"]))
     body.append([str(p["steps"]), f"{p['run_k3']:.3g}", ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
-                 f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"],
-                 "n/a" if b is None else f"{b['budget']:.3g} [{b['interval'][0]:.3g}, {b['interval'][1]:.3g}]"])
+                 f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"], _budget_cell(b)])
   body.append(["all", "", "", "", test["decision"], ""])
   return _md(["run length (steps)", f"{test['point']} run-mean k3 (seed mean)", "quality loss per seed",
               "seed mean [95% interval]", f"vs tolerance {100 * test['tolerance']:g}",
@@ -159,17 +171,16 @@ def tables(results_dir: str) -> dict[str, str]:
            for name in ("sources", "noise_75", "noise_40")}
   if files["sources"]:
     from opd_jax.experiments import horizon
-    from opd_jax.experiments.calibrate_report import load_rows
     from opd_jax.experiments.pair_budgets import summarize
     budget = read_json(os.path.join(results_dir, "budget.json"), "budget file")
     tolerance = budget["tolerance"]
-    rows = load_rows([os.path.join(results_dir, "sources.jsonl")] + files["sources"])
+    rows = seed_rows(results_dir, "sources")
     out["calibration points over seeds"] = seeds_table(summarize(rows, tolerance), tolerance)
     if files["noise_75"]:
-      rows_75 = load_rows([os.path.join(results_dir, "noise_75.jsonl")] + files["noise_75"])
+      rows_75 = seed_rows(results_dir, "noise_75")
       out["75-step calibration points over seeds (pair1)"] = seeds_table(summarize(rows_75, tolerance), tolerance)
       if len(files["noise_40"]) >= 3:
-        test = horizon.decide(rows + rows_75 + load_rows(files["noise_40"]), tolerance)
+        test = horizon.decide(rows + rows_75 + seed_rows(results_dir, "noise_40"), tolerance)
         out["horizon test (pre-registered)"] = horizon_table(test, budget)
   path = os.path.join(replicated, "budget_one_seed.json")
   if os.path.exists(path):

@@ -43,11 +43,11 @@ def preflight(config, served, teacher_score, teacher_state, batch, warn, name: s
   # Compared on whole host copies, on one device: the served scores are host arrays (every process has them). Mixing
   # them with the mesh-sharded scores ran an 8-device program here that aborted the process inside XLA (SIGABRT),
   # twice in full test-suite runs on 2 cores; the one-device comparison needs no cross-device step at all.
-  *host, local_BxR = distributed.to_host((batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
-                                          batch.mask_BxR, local))
-  first, again = (jnp.asarray(served.score(*host)[0]) for _ in range(2))
-  local_BxR, mask = jnp.asarray(local_BxR), jnp.asarray(host[3])
-  served_vs_local = token_metrics(first, local_BxR, mask)
+  prompt_BxP, valid_BxP, response_BxR, mask_BxR, local_BxR = distributed.to_host(
+      (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR, local))
+  first, again = (jnp.asarray(served.score(prompt_BxP, valid_BxP, response_BxR, mask_BxR)[0]) for _ in range(2))
+  mask = jnp.asarray(mask_BxR)
+  served_vs_local = token_metrics(first, jnp.asarray(local_BxR), mask)
   repeat = token_metrics(again, first, mask)
   prefix = f"teachers/{name}/" if name else "teacher/"
   k3, repeat_k3 = float(served_vs_local["k3"]), float(repeat["k3"])
