@@ -5,7 +5,8 @@
   python launch/admit.py --config=configs/pair1.py --budget=budget.json \
       --candidates="weights=fp8;weights=fp8,kv_cache=fp8;weights=int8,staleness=2" [--shape=qwen3-8b]
 
-Prints ADMIT or REJECT with the measured mismatch, the budget, the margin and the confidence.
+Prints ADMIT or REJECT with the measured mismatch, the budget, the margin and the confidence. The budgets are in
+run-mean k3, so the step-0 k3 is divided by the budget file's measured factor (k3_conversion) before comparing.
 With --candidates (a list, or a JSON / JSON-lines file; see opd_jax/screening/candidates.py) it screens them
 all in one process and prints a ranked table: measured k3, verdict, margin, and the weight bytes and KV-cache
 tokens each recipe gives at a real model shape (--shape, --device_memory_gb), admitted recipes first by KV
@@ -78,6 +79,8 @@ def screen_candidates(start: float) -> bool:
   _, _, note = admission.pick_budget(budget_file, config.pair, run_steps(config))
   if note:
     print(f"budget: {note}")
+  print(f"k3 is measured at step 0 and compared divided by the {rows[0]['conversion_note']}"
+        if rows[0]["k3_factor"] != 1 else f"k3: {rows[0]['conversion_note']}")
   total = time.time() - start
   print(f"{len(rows)} candidates in {total:.1f} s: {setup:.1f} s start-up and calibration batch, "
         f"{(total - setup) / len(rows):.1f} s per candidate")
@@ -135,7 +138,10 @@ def run() -> bool:
   result["wall_seconds"] = time.time() - start
   word = "ADMIT" if result["admit"] else "REJECT"
   source = result["budget_source"] + (f"; {result['budget_note']}" if result["budget_note"] else "")
-  print(f"{word}  {config.pair}: measured {result['scale']} {result['measured']:.3g} vs budget {result['budget']:.3g} "
+  converted = (f" / {result['k3_factor']:.3g} = {result['compared']:.3g} as a run mean ({result['conversion_note']})"
+               if result["k3_factor"] != 1 else "")
+  print(f"{word}  {config.pair}: measured {result['scale']} {result['measured']:.3g}{converted} vs budget "
+        f"{result['budget']:.3g} "
         f"[{result['interval'][0]:.3g}, {result['interval'][1]:.3g}] ({source}); margin "
         f"{result['margin']:+.0%}; confidence {result['confidence']:.0%}; {result['wall_seconds']:.1f} s"
         + ("; the served teacher fails the preflight" if teacher is not None and not teacher["ok"] else ""))

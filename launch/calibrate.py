@@ -1,7 +1,7 @@
 """Budget calibration from sweep results:
 
   python launch/calibrate.py --results=DIR/results.jsonl --out=budget.json [--tolerance=0.02] [--relative]
-      [--pair_test=results/pair_budgets.json] [--seed_means]
+      [--pair_test=results/pair_budgets.json] [--seed_means] [--admission_k3=results/admission_k3.jsonl]
 
 Fits quality loss vs mismatch (k3 primary; k1, tv, mult_prob_error reported too), per pair and pooled, with
 bootstrap intervals, and says how far the per-pair budgets differ (does one budget transfer across pairs?).
@@ -27,13 +27,17 @@ _SEED_MEANS = flags.DEFINE_bool("seed_means", False, "Each point is the mean ove
                                  "with seed=S, one results file per seed); the interval resamples points, then seeds.")
 _PAIR_TEST = flags.DEFINE_string("pair_test", None, "pair_budgets.json from launch/pair_budgets.py: its decision "
                                  "(per-pair or pooled budgets) goes into the budget file, and admission follows it.")
+_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "launch/admission_k3.py's measurements of these points: "
+                                    "the budget file carries the measured factor from the admission check's step-0 "
+                                    "k3 to the budgets' run-mean k3 (k3_conversion), and admission divides by it.")
 
 
 def run():
   from opd_jax.experiments import calibrate_report
   holdout = [p for p in _HOLDOUT.value.split(",") if p]
   calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
-                       holdout=holdout, pair_test=_PAIR_TEST.value, seed_means=_SEED_MEANS.value)
+                       holdout=holdout, pair_test=_PAIR_TEST.value, seed_means=_SEED_MEANS.value,
+                       admission_k3=_ADMISSION_K3.value)
 
 
 def main(argv):

@@ -29,6 +29,9 @@ _EXCLUDE = flags.DEFINE_list("heldout_exclude", [], "--validate: pair/point rows
                               "(e.g. pair3/k3_low when it repeats a calibration configuration).")
 _SEED_MEANS = flags.DEFINE_bool("seed_means", False, "--validate: calibrate on seed means, as launch/calibrate.py "
                                  "--seed_means (give every seed's --results file).")
+_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "--validate: launch/admission_k3.py's measurements of the "
+                                    "calibration points; the budget carries the step-0 / run-mean k3 factor, as "
+                                    "launch/calibrate.py --admission_k3.")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
 _OUT = flags.DEFINE_string("out", "report", "Output directory.")
@@ -41,12 +44,13 @@ def run():
   if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
     raise InputError(f"--holdout_fraction={_HOLDOUT.value:g} and --tolerance={_TOLERANCE.value:g} must be in (0, 1) "
                      f"and --prompts={_PROMPTS.value} >= 1")
-  if (_HELDOUT.value or _EXCLUDE.value or _SEED_MEANS.value) and not _VALIDATE.value:
-    raise InputError("--heldout_results, --heldout_exclude and --seed_means are only read with --validate")
+  if (_HELDOUT.value or _EXCLUDE.value or _SEED_MEANS.value or _ADMISSION_K3.value) and not _VALIDATE.value:
+    raise InputError("--heldout_results, --heldout_exclude, --seed_means and --admission_k3 are only read with "
+                     "--validate")
   if _VALIDATE.value:
     from configs import common
     from opd_jax.experiments.calibrate_report import load_rows
-    from opd_jax.experiments.files import write_json
+    from opd_jax.experiments.files import read_admission_k3, write_json
     from opd_jax.experiments.validation import validate
     heldout = [row for path in _HELDOUT.value for row in load_rows([path])]
     unknown = sorted(set(_EXCLUDE.value) - {f"{r['pair']}/{r['point']}" for r in heldout})
@@ -55,7 +59,8 @@ def run():
     heldout = [r for r in heldout if f"{r['pair']}/{r['point']}" not in _EXCLUDE.value]
     result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
-                      num_prompts=_PROMPTS.value, heldout=heldout, seed_means=_SEED_MEANS.value)
+                      num_prompts=_PROMPTS.value, heldout=heldout, seed_means=_SEED_MEANS.value,
+                      admission_k3=read_admission_k3(_ADMISSION_K3.value) if _ADMISSION_K3.value else None)
     os.makedirs(_OUT.value, exist_ok=True)
     validation = validation or os.path.join(_OUT.value, "validation.json")
     write_json(validation, result)

@@ -370,17 +370,60 @@ def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():
 
 
 def test_admission_and_run_mean_k3_side_by_side():
-  """Ratios of the two k3 quantities, their geometric mean and spread, and the verdicts that dividing by the mean
-  ratio would change: a point admitted at 0.9 against a 0.8 budget is rejected as measured (0.9 > 0.8) but
-  admitted once divided by the 2x mean ratio; rows without a run k3 are left out."""
+  """Ratios of the two k3 quantities, their geometric mean and spread, the out-of-sample residual once each row
+  is divided by the factor its budget carried, and the verdicts that conversion changed: a point measured at 0.9
+  against a 0.8 budget is rejected unconverted but admitted once divided by its 2x factor; rows without a run k3
+  are left out."""
   import math
   from opd_jax.experiments.validation import admission_vs_run_k3
-  rows = [{"pair": "pair1", "point": "a", "measured": 0.9, "run_k3": 0.45, "budget": 0.8, "admit": False},
-          {"pair": "pair1", "point": "b", "measured": 4.0, "run_k3": 2.0, "budget": 0.8, "admit": False},
-          {"pair": "pair2", "point": "c", "measured": 0.2, "run_k3": 0.1, "budget": 0.8, "admit": True},
+  rows = [{"pair": "pair1", "point": "a", "measured": 0.9, "compared": 0.45, "k3_factor": 2.0, "run_k3": 0.45,
+           "budget": 0.8, "admit": True},
+          {"pair": "pair1", "point": "b", "measured": 4.0, "compared": 2.0, "k3_factor": 2.0, "run_k3": 2.0,
+           "budget": 0.8, "admit": False},
+          {"pair": "pair2", "point": "c", "measured": 0.2, "compared": 0.05, "k3_factor": 4.0, "run_k3": 0.1,
+           "budget": 0.8, "admit": True},
           {"pair": "pair2", "point": "d", "measured": 0.5, "run_k3": None, "budget": 0.8, "admit": True}]
   compared = admission_vs_run_k3({"rows": rows})
   assert compared["n"] == 3 and [r["ratio"] for r in compared["rows"]] == [2.0, 2.0, 2.0]
   assert math.isclose(compared["geo_mean"], 2.0) and math.isclose(compared["geo_sd"], 1.0)
+  assert [r["residual"] for r in compared["rows"]] == [1.0, 1.0, 0.5] and compared["converted"]
+  assert math.isclose(compared["residual_geo_mean"], 0.5 ** (1 / 3))
   assert compared["flips"] == 1
   assert admission_vs_run_k3({"rows": rows[3:]}) == {"n": 0, "rows": []}
+
+
+def test_the_k3_conversion_is_measured_per_pair_and_admission_divides_by_it():
+  """budget.json's k3_conversion: the geometric mean of admission k3 / run-mean k3 over the calibration points,
+  per pair (pooled for a pair without points), and admission compares the step-0 k3 divided by it. A point
+  measured at 1.5x the budget is admitted on pair1, whose step-0 k3 runs 2x its run mean."""
+  from opd_jax.errors import InputError
+  from opd_jax.screening import admission, k3_conversion
+
+  def rows(seed, pair):
+    return [{**r, "steps": 150, "overrides": {"rollout.noise_sigma": r["rollout"].get("noise_sigma", 0.0)}}
+            for r in _rows(seed, pair)]
+
+  calibration = rows(0, "pair1") + rows(1, "pair2")
+  ratio = {"pair1": 2.0, "pair2": 0.5}
+  measured = [{"pair": r["pair"], "point": r["point"], "overrides": r["overrides"],
+               "admission_k3": ratio[r["pair"]] * r["mismatch"]["mismatch/k3"]}
+              for r in calibration if r["point"] != "baseline"]
+  budget = build_budget(calibration, tolerance=0.03, relative=False, admission_k3=measured)
+  entry = budget["k3_conversion"]["by_steps"]["150"]
+  assert entry["pair1"]["factor"] == pytest.approx(2.0) and entry["pair1"]["interval"] == pytest.approx([2.0, 2.0])
+  assert entry["pair2"]["factor"] == pytest.approx(0.5) and entry["pooled"]["factor"] == pytest.approx(1.0)
+  assert entry["pooled"]["n"] == 24 and entry["pooled"]["geo_sd"] > 1.5  # the pairs disagree: a wide spread
+  assert "divides it by k3_conversion" in budget["scale_measured_as"]
+  assert k3_conversion.factor_for(budget, "pair3", 150)[0] == pytest.approx(1.0)  # no points: pooled
+  assert "pooled" in k3_conversion.factor_for(budget, "pair3", 150)[1]
+  limit = budget["budgets"]["pair1"]["budget"]
+  result = admission.admit({"k3": 1.5 * limit}, budget, "pair1", 150)
+  assert result["admit"] and result["measured"] == pytest.approx(1.5 * limit)
+  assert result["compared"] == pytest.approx(0.75 * limit) and result["k3_factor"] == pytest.approx(2.0)
+  unconverted = {k: v for k, v in budget.items() if k != "k3_conversion"}
+  assert not admission.admit({"k3": 1.5 * limit}, unconverted, "pair1", 150)["admit"]
+  assert k3_conversion.factor_for(unconverted, "pair1", 150) == (1.0, "admission k3 compared unconverted (the "
+                                                                     "budget file has no k3_conversion)")
+  with pytest.raises(InputError, match=r"no measurement of calibration point\(s\) \['pair2/noise_3'\]"):
+    build_budget(calibration, tolerance=0.03, relative=False,
+                 admission_k3=[m for m in measured if (m["pair"], m["point"]) != ("pair2", "noise_3")])

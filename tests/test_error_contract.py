@@ -91,6 +91,12 @@ CASES = [
      "missing or short"),
     ("pair_budgets_out_folder", "launch/pair_budgets.py", "--results={d}/ok.jsonl", "--out={d}/nope/pb.json",
      "its folder does not exist"),
+    ("calibrate_admission_k3_missing", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
+     "--admission_k3={d}/none.jsonl", "admission k3 file"),
+    ("calibrate_admission_k3_fields", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
+     "--admission_k3={d}/ok.jsonl", "missing field 'overrides'"),
+    ("admission_k3_prompts", "launch/admission_k3.py", "--results={d}/none.jsonl", "--prompts=0",
+     "--prompts=0 must be >= 1"),
     ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
     ("calibrate_nothing_usable", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
      "ok.jsonl (1 rows)"),
@@ -140,7 +146,7 @@ CASES = [
     ("report_heldout_alone", "launch/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
      "--out={d}/report", "only read with --validate"),
     ("report_seed_means_alone", "launch/report.py", "--results={d}/ok.jsonl", "--seed_means", "--out={d}/report",
-     "--seed_means are only read with --validate"),
+     "--seed_means and --admission_k3 are only read with --validate"),
     ("report_exclude_unknown", "launch/report.py", "--results={d}/ok.jsonl", "--validate",
      "--heldout_results={d}/ok.jsonl", "--heldout_exclude=pair9/x", "--out={d}/report", "--heldout_exclude names"),
     ("solved_sets_run_spec", "launch/solved_sets.py", "--config=configs/pair2.py", "--run={d}/none",
@@ -298,7 +304,7 @@ FLAG_BEFORE_FILE = {"train": "train_flag_before_file", "sample": "sample_flag_be
                     "prune": "prune_flag_before_file", "export": "export_flag_before_file",
                     "bench/time_to_quality": "ttq_flag_before_file", "build_pairs": "build_pairs_flag_before_file",
                     "gguf_parity": "gguf_parity_texts", "admit": "admit_flag_before_file",
-                    "solved_sets": "solved_sets_flag_before_file"}
+                    "solved_sets": "solved_sets_flag_before_file", "admission_k3": "admission_k3_prompts"}
 
 
 def test_every_script_with_flags_and_files_names_the_flag_first():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
-from opd_jax.experiments.files import read_results, write_json
+from opd_jax.experiments.files import read_admission_k3, read_results, write_json
 from opd_jax.experiments.sweep import check_one_objective, fill_deltas
 from opd_jax.errors import InputError
 from opd_jax.mismatch import budget as budget_lib
+from opd_jax.screening import k3_conversion
 
 PRIMARY = "k3"
 
@@ -38,6 +39,9 @@ def main_horizon(rows: list[dict]):
 SCALE_MEASURED_AS = ("run mean: the training step's mismatch/k3 averaged over a run's logged steps; the admission "
                      "check measures k3 once at step 0 on a calibration batch and compares it with these budgets "
                      "unconverted (their ratio on the held-out points: docs/study.md, two k3 quantities)")
+SCALE_CONVERTED = ("run mean: the training step's mismatch/k3 averaged over a run's logged steps; the admission "
+                   "check measures k3 once at step 0 on a calibration batch and divides it by k3_conversion's "
+                   "factor (measured on these calibration points) before comparing it with these budgets")
 
 
 def seed_mean_rows(rows: list[dict]) -> list[dict]:
@@ -62,11 +66,12 @@ def seed_mean_rows(rows: list[dict]) -> list[dict]:
 
 
 def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True,
-                 seed_means: bool = False) -> dict:
+                 seed_means: bool = False, admission_k3: list[dict] | None = None) -> dict:
   """Per-pair and pooled budgets (primary scale) plus the other scales' fits (`other_scales`), from finished
   sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
   for that length. `seed_means`: each point is the mean over its seeds (runs of one pair, point and length from
-  several results files), with a bootstrap that resamples points and then seeds within them."""
+  several results files), with a bootstrap that resamples points and then seeds within them. `admission_k3`
+  (launch/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by."""
   scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
   usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if seed_means:
@@ -95,7 +100,9 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
               "max_over_min": (max(per_pair.values()) / min(per_pair.values())
                                if len(per_pair) > 1 and min(per_pair.values()) > 0 else None),
               "matrix": transfer_matrix(main_rows, budgets, per_pair, tolerance, relative)}
-  return {"scale": PRIMARY, "scale_measured_as": SCALE_MEASURED_AS, "tolerance": tolerance,
+  conversion = k3_conversion.fit(usable, admission_k3, main) if admission_k3 is not None else None
+  return {"scale": PRIMARY, "scale_measured_as": SCALE_CONVERTED if conversion else SCALE_MEASURED_AS,
+          **({"k3_conversion": conversion} if conversion else {}), "tolerance": tolerance,
           "tolerance_relative": relative, "steps": main,
           "horizons": horizons, "budgets": budgets, "other_scales": others, "transfer": transfer,
           "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps"),
@@ -137,18 +144,20 @@ def pair_test_entry(path: str) -> dict:
 
 
 def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str],
-        pair_test: str | None = None, seed_means: bool = False) -> dict:
+        pair_test: str | None = None, seed_means: bool = False, admission_k3: str | None = None) -> dict:
   if not 0 < tolerance < 1:
     raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
                      "of the baseline accuracy (e.g. 0.02)")
   pair_test_summary = pair_test_entry(pair_test) if pair_test else None  # a bad file fails before any work
+  measurements = read_admission_k3(admission_k3) if admission_k3 else None
   rows = load_rows(results_paths)
   unknown = sorted(set(holdout) - {r["point"] for r in rows})
   if unknown:
     raise InputError(f"--holdout names points that are in no results file: {', '.join(unknown)}")
   rows = [r for r in rows if r["point"] not in holdout]
   try:
-    result = build_budget(rows, tolerance=tolerance, relative=relative, seed_means=seed_means)
+    result = build_budget(rows, tolerance=tolerance, relative=relative, seed_means=seed_means,
+                          admission_k3=measurements)
   except InputError as e:
     if "no pair has" not in str(e):
       raise
@@ -156,6 +165,8 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     raise InputError(f"{e} in {read}; a budget needs finished sweep points of one pair with their baseline "
                      "(launch/sweep.py writes them)") from None
   result.update(results=list(results_paths), holdout_points=holdout)
+  if admission_k3:
+    result["k3_conversion"]["file"] = admission_k3
   if pair_test_summary:
     result["per_pair_test"] = pair_test_summary
   budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]
@@ -174,6 +185,10 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     for a, row in transfer["matrix"].items():
       cells = "  ".join(f"{b} {c['agree']}/{c['n']}" for b, c in row.items())
       print(f"  {a}'s budget judges: {cells}")
+  for steps, entry in result.get("k3_conversion", {}).get("by_steps", {}).items():
+    cells = "  ".join(f"{name} {f['factor']:.3g} [{f['interval'][0]:.3g}, {f['interval'][1]:.3g}] (n={f['n']})"
+                      for name, f in entry.items())
+    print(f"admission k3 / run-mean k3 at {steps} steps: {cells}")
   if pair_test:
     print(f"per-pair test ({pair_test}): admission uses {result['per_pair_test']['decision']} budgets")
   print(f"wrote {out}")

@@ -18,6 +18,7 @@ _NUMBER = (int, float)
 RESULT_FIELDS = {"pair": str, "point": str, "status": str}
 OK_RESULT_FIELDS = {"final_accuracy": _NUMBER, "best_accuracy": _NUMBER, "mismatch": dict}
 BUDGET_FIELDS = {"budget": _NUMBER, "interval": list, "bootstrap_budgets": list}
+ADMISSION_K3_FIELDS = {"pair": str, "point": str, "overrides": dict, "admission_k3": _NUMBER}
 
 
 def write_json(path: str, value) -> None:
@@ -113,6 +114,18 @@ def read_results(path: str) -> list[dict]:
     _check_fields(row, RESULT_FIELDS, where)
     if row["status"] == "ok":
       _check_fields(row, OK_RESULT_FIELDS, where)
+  return rows
+
+
+def read_admission_k3(path: str) -> list[dict]:
+  """launch/admission_k3.py rows (the admission check's k3 per calibration configuration), checked."""
+  if not os.path.exists(path):
+    raise InputError(f"admission k3 file {path!r} does not exist (make it with launch/admission_k3.py)")
+  rows = read_jsonl(path, "admission k3 file")
+  if not rows:
+    raise InputError(f"admission k3 file {path!r} has no rows; make it with launch/admission_k3.py")
+  for number, row in enumerate(rows, 1):
+    _check_fields(row, ADMISSION_K3_FIELDS, f"admission k3 file {path!r}, row {number}")
   return rows
 
 

@@ -70,16 +70,27 @@ def transfer_table(budget: dict) -> str:
   return _md(["budget of \\ runs of"] + pairs, body)
 
 
+def k3_conversion_table(budget: dict) -> str:
+  """budget.json's k3_conversion: the admission check's step-0 k3 over the run-mean k3, on the calibration points,
+  per horizon, pair and pooled (what admission divides by: the pair's own factor, else the pooled one)."""
+  body = [[steps, name, f"{f['factor']:.3g}", f"[{f['interval'][0]:.3g}, {f['interval'][1]:.3g}]",
+           f"x/÷ {f['geo_sd']:.2f}", str(f["n"])]
+          for steps, entry in budget["k3_conversion"]["by_steps"].items() for name, f in entry.items()]
+  return _md(["steps", "pair", "admission / run-mean k3", "90% interval", "per configuration", "points"], body)
+
+
 def validation_table(validation: dict) -> str:
+  converted = any(r.get("k3_factor", 1.0) != 1.0 for r in validation["rows"])
   body = []
   for r in validation["rows"]:
     seeds = r.get("seeds", [])
-    body.append([r["pair"], r["point"], _g(r["measured"]), f"{r.get('measured_over_budget', math.nan):.2f}x",
+    body.append([r["pair"], r["point"], _g(r["measured"]), *([f"{r['k3_factor']:.3g}"] if converted else []),
+                 f"{r.get('measured_over_budget', math.nan):.2f}x",
                  "ADMIT" if r["admit"] else "REJECT", f"{100 * r['quality_loss']:+.1f}",
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in seeds),
                  "ok" if r["real_ok"] else "lost", "yes" if r["agree"] else "**no**"])
-  return _md(["pair", "held-out point", "admission k3", "vs budget", "verdict", "quality loss (seed mean)",
-              "per seed", "real run", "agree"], body)
+  return _md(["pair", "held-out point", "admission k3", *(["÷ factor"] if converted else []), "vs budget", "verdict",
+              "quality loss (seed mean)", "per seed", "real run", "agree"], body)
 
 
 def validation_rules_table(validation: dict) -> str:
@@ -97,16 +108,21 @@ def validation_rules_table(validation: dict) -> str:
 
 def k3_quantities_table(validation: dict) -> str:
   """Admission-time k3 against the run-mean k3 the budgets are calibrated on (experiments.validation
-  .admission_vs_run_k3), per held-out configuration, with the geometric mean ratio."""
+  .admission_vs_run_k3), per held-out configuration, with the geometric mean ratio; with a conversion, the
+  factor each row was divided by (fitted on calibration points only) and the out-of-sample residual."""
   compared = admission_vs_run_k3(validation)
-  body = [[r["pair"], r["point"], _g(r["admission_k3"]), _g(r["run_k3"]), f"{r['ratio']:.2f}"]
-          for r in compared["rows"]]
+  converted = compared["converted"]
+  body = [[r["pair"], r["point"], _g(r["admission_k3"]), _g(r["run_k3"]), f"{r['ratio']:.2f}",
+           *([f"{r['factor']:.2f}", f"{r['residual']:.2f}"] if converted else [])] for r in compared["rows"]]
   body.append(["all", f"geometric mean of {compared['n']}", "", "",
-               f"{compared['geo_mean']:.2f} x/÷ {compared['geo_sd']:.2f}"])
-  body.append(["all", f"verdicts that change when the admission k3 is divided by {compared['geo_mean']:.2f}", "",
-               "", f"{compared['flips']} of {compared['n']}"])
-  return _md(["pair", "held-out point", "admission k3 (step 0)", "run-mean k3 (seed mean)", "admission / run"],
-             body)
+               f"{compared['geo_mean']:.2f} x/÷ {compared['geo_sd']:.2f}",
+               *(["", f"{compared['residual_geo_mean']:.2f} x/÷ {compared['residual_geo_sd']:.2f}"] if converted
+                 else [])])
+  if converted:
+    body.append(["all", "verdicts the conversion changed (against comparing the step-0 k3 unconverted)", "", "",
+                 "", "", f"{compared['flips']} of {compared['n']}"])
+  return _md(["pair", "held-out point", "admission k3 (step 0)", "run-mean k3 (seed mean)", "admission / run",
+              *(["factor (calibration)", "admission / factor / run"] if converted else [])], body)
 
 
 def importance_table(rows: list[dict]) -> str:
@@ -203,6 +219,8 @@ def all_tables(results_dir: str) -> dict[str, str]:
     tables["budgets"] = budget_table(budget)
     if budget["transfer"].get("matrix"):
       tables["budget transfer"] = transfer_table(budget)
+    if budget.get("k3_conversion"):
+      tables["budget: admission k3 to run-mean k3"] = k3_conversion_table(budget)
   validation_path = os.path.join(results_dir, "validation.json")
   if os.path.exists(validation_path):
     validation = read_json(validation_path, "validation file")

@@ -69,7 +69,9 @@ def group_seeds(rows: list[dict]) -> list[dict]:
 
 def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tolerance: float, relative: bool,
              num_prompts: int, seed: int = 0, heldout: list[dict] | None = None, seed_means: bool = False,
-             log=print) -> dict:
+             admission_k3: list[dict] | None = None, log=print) -> dict:
+  """`admission_k3`: launch/admission_k3.py rows of the calibration points; the budget then carries the measured
+  step-0 / run-mean k3 factor and admission divides by it (opd_jax.screening.k3_conversion)."""
   rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if heldout:
     held = group_seeds(heldout)
@@ -88,7 +90,8 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
       raise InputError(f"no sweep point falls in holdout_fraction={holdout_fraction}; raise it")
     keys = {(r["pair"], r["point"]) for r in held}
     calibration_rows = [r for r in rows if (r["pair"], r["point"]) not in keys]
-  budget_file = build_budget(calibration_rows, tolerance=tolerance, relative=relative, seed_means=seed_means)
+  budget_file = build_budget(calibration_rows, tolerance=tolerance, relative=relative, seed_means=seed_means,
+                             admission_k3=admission_k3)
   calibrations, out = {}, []
   for row in held:
     config = load_pair_config(row["pair"])
@@ -103,16 +106,17 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
     source = budget_file["budgets"][result["budget_source"]]
     real_ok = row["quality_loss"] <= source["tolerance_abs"]
     out.append({"pair": row["pair"], "point": row["point"], "measured": result["measured"],
-                "admit": result["admit"], "quality_loss": row["quality_loss"], "real_ok": bool(real_ok),
+                "compared": result["compared"], "k3_factor": result["k3_factor"], "admit": result["admit"], "quality_loss": row["quality_loss"], "real_ok": bool(real_ok),
                 "agree": result["admit"] == real_ok, "budget": result["budget"],
-                "measured_over_budget": result["measured"] / result["budget"] if result["budget"] else math.inf,
+                "measured_over_budget": result["compared"] / result["budget"] if result["budget"] else math.inf,
                 "run_k3": row["run_k3"], "seeds": row.get("seeds", [{"seed": row.get("seed", 0),
                                                                       "quality_loss": row["quality_loss"],
                                                                       "final_accuracy": row["final_accuracy"],
                                                                       "run_k3": row["run_k3"]}]),
                 "wall_seconds": time.time() - start, "run_wall_seconds": row["wall_seconds"]})
     log(f"  {row['pair']}/{row['point']}: admission {'ADMIT' if result['admit'] else 'REJECT'} "
-        f"(k3 {result['measured']:.3g}, {out[-1]['measured_over_budget']:.2f}x the budget), real quality loss "
+        f"(k3 {result['measured']:.3g} / {result['k3_factor']:.3g}, {out[-1]['measured_over_budget']:.2f}x the "
+        f"budget), real quality loss "
         f"{row['quality_loss']:+.3f} over {len(out[-1]['seeds'])} seed(s) -> "
         f"{'agree' if out[-1]['agree'] else 'DISAGREE'}")
   agreed = sum(r["agree"] for r in out)
@@ -122,6 +126,12 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
           "admission_seconds_per_candidate": float(np.mean([r["wall_seconds"] for r in out])),
           "run_seconds_per_seed": float(np.mean([r["run_wall_seconds"] for r in out])),
           "rows": out, "budget": budget_file}
+
+
+def compared(row: dict) -> float:
+  """What admission compared with the budget: the step-0 k3 over the conversion factor (validation files made
+  before the conversion compared the measured k3 itself)."""
+  return row.get("compared", row["measured"])
 
 
 def compare_with_rules(validation: dict) -> dict:
@@ -141,11 +151,12 @@ def compare_with_rules(validation: dict) -> dict:
   rules = {"admission check (per-pair budgets)": entry(sum(r["agree"] for r in rows), n),
            "reject all": entry(sum(not r["real_ok"] for r in rows), n),
            "admit all": entry(sum(r["real_ok"] for r in rows), n),
-           "pooled budget for every pair": entry(sum((r["measured"] <= pooled) == r["real_ok"] for r in rows), n)}
-  # The best constant threshold: admit iff measured <= t; only the order of the measured values matters.
-  values = sorted({r["measured"] for r in rows})
+           "pooled budget for every pair": entry(sum((compared(r) <= pooled) == r["real_ok"] for r in rows), n)}
+  # The best constant threshold: admit iff compared <= t (the value admission compares with a budget; the
+  # measured one where no conversion applies); only the order of the values matters.
+  values = sorted({compared(r) for r in rows})
   cuts = [values[0] / 2] + [(a + b) / 2 for a, b in zip(values, values[1:])] + [values[-1] * 2]
-  scores = [sum((r["measured"] <= t) == r["real_ok"] for r in rows) for t in cuts]
+  scores = [sum((compared(r) <= t) == r["real_ok"] for r in rows) for t in cuts]
   best = max(scores)
   ranges = []  # [low, high): the thresholds that score `best`, one range per run of winning cuts
   for i, score in enumerate(scores):
@@ -170,15 +181,23 @@ def admission_vs_run_k3(validation: dict) -> dict:
   """The two k3 quantities side by side on the held-out rows that have both: the admission check's (step 0, a
   calibration batch, the candidate's sampler against the unquantized learner) and the run's mean of
   `mismatch/k3` over its logged steps (seed mean), which is the quantity the budgets are calibrated on.
-  Returns per-row ratios, their geometric mean and geometric standard deviation, and how many admission verdicts
-  would flip if the admission k3 were divided by that mean ratio before the comparison with the budget."""
+  Returns per-row ratios, their geometric mean and geometric standard deviation; with the conversion the budget
+  carried (each row's `k3_factor`, fitted on calibration points only), the out-of-sample residual ratio
+  (admission k3 / factor / run k3) and how many verdicts the conversion changed against comparing unconverted."""
   rows = [r for r in validation["rows"] if r.get("run_k3")]
   if not rows:
     return {"n": 0, "rows": []}
-  log_ratios = np.log([r["measured"] / r["run_k3"] for r in rows])
-  factor = float(np.exp(log_ratios.mean()))
-  spread = float(np.exp(log_ratios.std(ddof=1))) if len(rows) > 1 else 1.0
-  flips = sum((r["measured"] / factor <= r["budget"]) != r["admit"] for r in rows)
-  return {"n": len(rows), "geo_mean": factor, "geo_sd": spread, "flips": flips,
+
+  def geo(values):
+    logs = np.log(values)
+    return float(np.exp(logs.mean())), float(np.exp(logs.std(ddof=1))) if len(values) > 1 else 1.0
+
+  factor, spread = geo([r["measured"] / r["run_k3"] for r in rows])
+  residual, residual_spread = geo([compared(r) / r["run_k3"] for r in rows])
+  flips = sum((r["measured"] <= r["budget"]) != r["admit"] for r in rows)
+  return {"n": len(rows), "geo_mean": factor, "geo_sd": spread, "residual_geo_mean": residual,
+          "residual_geo_sd": residual_spread, "converted": any(r.get("k3_factor", 1.0) != 1.0 for r in rows),
+          "flips": flips,
           "rows": [{"pair": r["pair"], "point": r["point"], "admission_k3": r["measured"], "run_k3": r["run_k3"],
-                    "ratio": r["measured"] / r["run_k3"]} for r in rows]}
+                    "ratio": r["measured"] / r["run_k3"], "factor": r.get("k3_factor", 1.0),
+                    "residual": compared(r) / r["run_k3"]} for r in rows]}

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from opd_jax.errors import InputError
 from opd_jax.mismatch import budget as budget_lib
+from opd_jax.screening import k3_conversion
 from opd_jax.screening.calibration import Calibration
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
@@ -104,7 +105,13 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
 
 
 def admit(measured: dict, budget_file: dict, pair: str, steps: int | None = None) -> dict:
+  """The verdict on `measured` (Calibration.measure's metrics). The budgets are in run-mean k3, so the step-0
+  measurement is divided by the budget file's measured factor first (k3_conversion.factor_for): `measured` is
+  what the check measured, `compared` what it compared with the budget (margin and confidence are on it)."""
   scale = budget_file["scale"]
   source, budget, note = pick_budget(budget_file, pair, steps)
   value = budget_lib.SCALES[scale]({f"mismatch/{k}": v for k, v in measured.items()})
-  return {**budget_lib.verdict(value, budget), "scale": scale, "budget_source": source, "budget_note": note}
+  factor, conversion = k3_conversion.factor_for(budget_file, pair, budget.get("steps"))
+  result = budget_lib.verdict(value / factor, budget)
+  return {**result, "measured": value, "compared": result["measured"], "k3_factor": factor,
+          "conversion_note": conversion, "scale": scale, "budget_source": source, "budget_note": note}

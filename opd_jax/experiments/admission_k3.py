@@ -1,0 +1,51 @@
+"""The admission check's k3 on every calibration point: the measurements behind budget.json's `k3_conversion`.
+
+Each distinct configuration of a calibration sweep (baselines excepted) is measured as `launch/admit.py` would
+measure it - its sampler on the pair's calibration batch, scored by the unquantized learner, at step 0 - and
+written as one JSONL row per configuration. `opd_jax.screening.k3_conversion.fit` then sets these step-0 values
+against the same points' run-mean k3 (the quantity the budgets are fitted on).
+"""
+
+from __future__ import annotations
+
+import time
+
+from opd_jax.errors import InputError
+from opd_jax.experiments.sweep import BASELINE, set_field
+from opd_jax.rollout.config import RolloutConfig
+from opd_jax.screening import admission
+from opd_jax.screening.calibration import Calibration
+
+
+def distinct_points(rows: list[dict]) -> list[dict]:
+  """One row per (pair, configuration) over finished non-baseline rows (seeds and run lengths share one)."""
+  seen, out = set(), []
+  for r in rows:
+    if r.get("status") != "ok" or r["point"] == BASELINE:
+      continue
+    key = (r["pair"], repr(sorted(r["overrides"].items())))
+    if key not in seen:
+      seen.add(key)
+      out.append(r)
+  if not out:
+    raise InputError("the results have no finished non-baseline point to measure")
+  return out
+
+
+def measure(rows: list[dict], load_pair_config, *, num_prompts: int, seed: int = 0, log=print) -> list[dict]:
+  """Admission k3 (step 0, `num_prompts` held-out prompts, sampling key `seed`) of every distinct point."""
+  calibrations, out = {}, []
+  for r in distinct_points(rows):
+    config = load_pair_config(r["pair"])
+    if r["pair"] not in calibrations:  # the pair's own batch, before any override touches the config
+      calibrations[r["pair"]] = Calibration.from_config(config, num_prompts, seed)
+    for key, value in r["overrides"].items():
+      set_field(config, key, value)
+    start = time.time()
+    measured = admission.measure_candidate(calibrations[r["pair"]], config,
+                                           RolloutConfig.from_config(config.rollout), seed)
+    out.append({"pair": r["pair"], "point": r["point"], "overrides": r["overrides"],
+                "admission_k3": float(measured["k3"]), "prompts": num_prompts, "seed": seed,
+                "seconds": time.time() - start})
+    log(f"  {r['pair']}/{r['point']}: admission k3 {out[-1]['admission_k3']:.4g} ({out[-1]['seconds']:.1f} s)")
+  return out
