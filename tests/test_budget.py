@@ -420,6 +420,13 @@ def test_the_k3_conversion_is_measured_per_pair_and_admission_divides_by_it():
   result = admission.admit({"k3": 1.5 * limit}, budget, "pair1", 150)
   assert result["admit"] and result["measured"] == pytest.approx(1.5 * limit)
   assert result["compared"] == pytest.approx(0.75 * limit) and result["k3_factor"] == pytest.approx(2.0)
+  assert len(entry["pair1"]["bootstrap_factors"]) == len(budget["budgets"]["pair1"]["bootstrap_budgets"])
+  # The confidence counts joint draws of budget and factor: a factor that is 1 in half the draws (where 1.5x the
+  # budget is rejected) and 4 in the other half (admitted) halves it.
+  uncertain = json.loads(json.dumps(budget))
+  uncertain["k3_conversion"]["by_steps"]["150"]["pair1"]["bootstrap_factors"] = [1.0, 4.0] * 500
+  assert admission.admit({"k3": 1.5 * limit}, uncertain, "pair1", 150)["confidence"] == pytest.approx(0.5, abs=0.05)
+  assert result["confidence"] > 0.9
   unconverted = {k: v for k, v in budget.items() if k != "k3_conversion"}
   assert not admission.admit({"k3": 1.5 * limit}, unconverted, "pair1", 150)["admit"]
   assert k3_conversion.factor_for(unconverted, "pair1", 150) == (1.0, "admission k3 compared unconverted (the "

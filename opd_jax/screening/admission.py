@@ -107,11 +107,15 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
 def admit(measured: dict, budget_file: dict, pair: str, steps: int | None = None) -> dict:
   """The verdict on `measured` (Calibration.measure's metrics). The budgets are in run-mean k3, so the step-0
   measurement is divided by the budget file's measured factor first (k3_conversion.factor_for): `measured` is
-  what the check measured, `compared` what it compared with the budget (margin and confidence are on it)."""
+  what the check measured, `compared` what it compared with the budget (the margin is on it; the confidence
+  counts joint bootstrap draws of the budget and the factor)."""
   scale = budget_file["scale"]
   source, budget, note = pick_budget(budget_file, pair, steps)
   value = budget_lib.SCALES[scale]({f"mismatch/{k}": v for k, v in measured.items()})
   factor, conversion = k3_conversion.factor_for(budget_file, pair, budget.get("steps"))
   result = budget_lib.verdict(value / factor, budget)
+  joint = k3_conversion.confidence(value, result["admit"], budget, budget_file, pair)
+  if joint is not None:  # the factor's uncertainty too
+    result["confidence"] = joint
   return {**result, "measured": value, "compared": result["measured"], "k3_factor": factor,
           "conversion_note": conversion, "scale": scale, "budget_source": source, "budget_note": note}

@@ -17,7 +17,7 @@ import numpy as np
 from opd_jax.errors import InputError
 
 MIN_POINTS = 3  # a pair's own factor needs this many calibration points at the horizon; else the pooled one
-BOOTSTRAP = 2000
+BOOTSTRAP = 1000  # as many draws as a budget's bootstrap_budgets, so admission pairs them one to one
 
 
 def _summary(ratios: list[float], seed: int = 0) -> dict:
@@ -26,7 +26,8 @@ def _summary(ratios: list[float], seed: int = 0) -> dict:
   draws = np.exp(logs[rng.integers(0, len(logs), (BOOTSTRAP, len(logs)))].mean(axis=1))
   return {"factor": float(np.exp(logs.mean())),
           "interval": [float(np.percentile(draws, 5)), float(np.percentile(draws, 95))],
-          "geo_sd": float(np.exp(logs.std(ddof=1))) if len(logs) > 1 else 1.0, "n": len(logs)}
+          "geo_sd": float(np.exp(logs.std(ddof=1))) if len(logs) > 1 else 1.0, "n": len(logs),
+          "bootstrap_factors": [float(f"{d:.6g}") for d in draws]}  # in draw order: independent of the budget's
 
 
 def fit(calibration_rows: list[dict], measurements: list[dict], main_steps) -> dict:
@@ -62,14 +63,33 @@ def fit(calibration_rows: list[dict], measurements: list[dict], main_steps) -> d
           "main_steps": main_steps, "by_steps": by_horizon, "points": points}
 
 
+def _entry(budget_file: dict, pair: str, steps) -> tuple[str, dict] | None:
+  conversion = budget_file.get("k3_conversion")
+  if not conversion or budget_file.get("scale") != conversion["scale"]:
+    return None
+  entry = conversion["by_steps"].get(str(steps)) or conversion["by_steps"].get(str(conversion["main_steps"]))
+  name = pair if pair in entry else "pooled"
+  return name, entry[name]
+
+
 def factor_for(budget_file: dict, pair: str, steps) -> tuple[float, str]:
   """(factor, note) the admission check divides its k3 by for `pair` at the budget's horizon `steps`; (1.0, note)
   for a budget file without `k3_conversion` (made before it, or without --admission_k3)."""
-  conversion = budget_file.get("k3_conversion")
-  if not conversion or budget_file.get("scale") != conversion["scale"]:
+  found = _entry(budget_file, pair, steps)
+  if found is None:
     return 1.0, "admission k3 compared unconverted (the budget file has no k3_conversion)"
-  entry = conversion["by_steps"].get(str(steps)) or conversion["by_steps"].get(str(conversion["main_steps"]))
-  name = pair if pair in entry else "pooled"
-  f = entry[name]
+  name, f = found
   return f["factor"], (f"{name} step-0 / run-mean k3 factor {f['factor']:.3g}, 90% [{f['interval'][0]:.3g}, "
                        f"{f['interval'][1]:.3g}], x/÷ {f['geo_sd']:.2f} per configuration")
+
+
+def confidence(measured: float, admit: bool, budget: dict, budget_file: dict, pair: str) -> float | None:
+  """Share of joint bootstrap draws (budget draw i with factor draw i) that give the same verdict: the budget's
+  uncertainty and the factor's together. None without a conversion (the budget's own confidence stands)."""
+  found = _entry(budget_file, pair, budget.get("steps"))
+  if found is None or "bootstrap_factors" not in found[1]:
+    return None
+  budgets, factors = np.asarray(budget["bootstrap_budgets"]), np.asarray(found[1]["bootstrap_factors"])
+  n = min(len(budgets), len(factors))
+  admitted = measured / factors[:n] <= budgets[:n]
+  return float(np.mean(admitted == admit))
