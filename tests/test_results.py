@@ -359,3 +359,20 @@ def test_equal_accuracies_are_different_solved_sets():
   same = {(p["a"], p["b"]): p["same_verdict"] for p in sets["pairs"]}
   for a, b, disagree in (("seed0_k3_low", "seed0_k3_high", 38), ("seed2_k3_low", "seed2_k3_high", 30)):
     assert runs[a]["solved"] == runs[b]["solved"] and sets["problems"] - same[(a, b)] == disagree
+
+
+def test_the_layer_0_finding_is_recomputed_from_the_shipped_scans():
+  """docs/study.md: in every embedded pair the first decoder layer adds the most fp8 k3 of any layer, the fitted
+  recipe keeps just that layer in bf16, and that cuts the whole-model k3 by 2.7x (pair2) to 5.6x (pair3)
+  (results/sensitivity/<pair>/)."""
+  from opd_jax.experiments.study_tables import sensitivity_files
+  scans = sensitivity_files(RESULTS)
+  assert [scan["pair"] for scan, _ in scans] == ["pair1", "pair2", "pair3"]
+  cuts = {}
+  for scan, recipe in scans:
+    layers = sorted((g for g in scan["groups"] if g["kind"] == "layer"), key=lambda g: -g["k3"])
+    assert layers[0]["name"] == "layer 0" and recipe["kept_bf16"] == ["layer 0"], scan["pair"]
+    cuts[scan["pair"]] = scan["whole_model"]["k3"] / recipe["k3"]
+  low, high = min(cuts, key=cuts.get), max(cuts, key=cuts.get)
+  said = f"cuts k3 by {cuts[low]:.1f}x ({low}) to {cuts[high]:.1f}x ({high})"
+  assert said in " ".join(_read("docs/study.md").split()), said

@@ -14,6 +14,9 @@
                         configs/sweeps/noise.py:steps=40,grid=bound,seed=S: the third run length of the horizon test
   validation_pairs.json launch/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
                         three fresh seeds and fresh baselines, next to the simple rules
+  sensitivity/<pair>/sensitivity_<precision>.json, recipe_<precision>.json
+                        launch/sensitivity.py --config=configs/<pair>.py --out=results/sensitivity/<pair>: which
+                        layers and module types carry each embedded pair's quantization mismatch, and the recipe
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json"
            "horizon test (pre-registered)": "results/sources.jsonl, results/replicated/*.jsonl, results/noise_75.jsonl",
            "validation with fresh seeds": "results/validation_pairs.json",
            "validation with fresh seeds against simple rules": "results/validation_pairs.json",
-           "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json"}
+           "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json",
+           "quantization sensitivity (embedded pairs)": "results/sensitivity/pair*/"}
 
 
 def _spread(values: list, fmt: str = "{:+.3f}") -> str:
@@ -155,6 +159,30 @@ def horizon_table(test: dict, budget: dict) -> str:
               f"{test['pair']} budget (seed means) [90% interval]"], body)
 
 
+def sensitivity_table(scans: list[tuple[dict, dict]], top: int = 4) -> str:
+  """Per pair and precision (launch/sensitivity.py's scan and recipe): the whole-model k3, the groups (layers and
+  module types) that add the most k3 alone, the fitted recipe, its k3 and its weight bytes against bf16."""
+  body = []
+  for scan, recipe in scans:
+    groups = sorted(scan["groups"], key=lambda g: -g["k3"])
+    kept = ", ".join(recipe["kept_bf16"]) or "nothing"
+    body.append([scan["pair"], scan["precision"], f"{scan['whole_model']['k3']:.3g}",
+                 ", ".join(f"{g['name']} ({g['k3']:.2g})" for g in groups[:top]),
+                 f"{kept} bf16, rest {recipe['precision']}", f"{recipe['k3']:.2g}",
+                 f"{recipe['weight_bytes'] / recipe['weight_bytes_bf16']:.2f}x"])
+  return _md(["pair", "weights", "whole model k3", "top groups (k3)", "fitted recipe", "recipe k3",
+              "recipe weight bytes vs bf16"], body)
+
+
+def sensitivity_files(results_dir: str) -> list[tuple[dict, dict]]:
+  """(scan, recipe) for every results/sensitivity/<pair>/sensitivity_<precision>.json, by pair and precision."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(results_dir, "sensitivity", "*", "sensitivity_*.json"))):
+    recipe = os.path.join(os.path.dirname(path), os.path.basename(path).replace("sensitivity_", "recipe_"))
+    out.append((read_json(path, "sensitivity file"), read_json(recipe, "recipe file")))
+  return out
+
+
 def tables(results_dir: str) -> dict[str, str]:
   from opd_jax.experiments import results_tables
   from opd_jax.experiments.validation import admission_vs_run_k3
@@ -193,4 +221,7 @@ def tables(results_dir: str) -> dict[str, str]:
     out["validation with fresh seeds against simple rules"] = results_tables.validation_rules_table(validation)
     if admission_vs_run_k3(validation)["n"]:
       out["validation with fresh seeds: admission k3 vs run-mean k3"] = results_tables.k3_quantities_table(validation)
+  scans = sensitivity_files(results_dir)
+  if scans:
+    out["quantization sensitivity (embedded pairs)"] = sensitivity_table(scans)
   return out
