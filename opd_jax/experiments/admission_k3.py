@@ -13,7 +13,7 @@ import time
 from opd_jax.errors import InputError
 from opd_jax.experiments.sweep import BASELINE, set_field
 from opd_jax.rollout.config import RolloutConfig
-from opd_jax.screening import admission
+from opd_jax.screening import admission, k3_conversion
 from opd_jax.screening.calibration import Calibration
 
 
@@ -23,7 +23,7 @@ def distinct_points(rows: list[dict]) -> list[dict]:
   for r in rows:
     if r.get("status") != "ok" or r["point"] == BASELINE:
       continue
-    key = (r["pair"], repr(sorted(r["overrides"].items())))
+    key = k3_conversion.point_key(r)
     if key not in seen:
       seen.add(key)
       out.append(r)

@@ -20,6 +20,11 @@ MIN_POINTS = 3  # a pair's own factor needs this many calibration points at the 
 BOOTSTRAP = 1000  # as many draws as a budget's bootstrap_budgets, so admission pairs them one to one
 
 
+def point_key(row: dict) -> tuple[str, str]:
+  """A calibration configuration: its pair and knobs (the seeds and run lengths of one point share it)."""
+  return row["pair"], repr(sorted(row["overrides"].items()))
+
+
 def _summary(ratios: list[float], seed: int = 0) -> dict:
   logs = np.log(ratios)
   rng = np.random.default_rng(seed)
@@ -34,12 +39,12 @@ def fit(calibration_rows: list[dict], measurements: list[dict], main_steps) -> d
   """budget.json's `k3_conversion`. calibration_rows: the rows the budgets were fitted on (seed means or single
   runs, finished, with `mismatch`); measurements: launch/admission_k3.py rows. Every non-baseline calibration
   point needs its measurement (matched by pair and overrides)."""
-  measured = {(m["pair"], repr(sorted(m["overrides"].items()))): m["admission_k3"] for m in measurements}
+  measured = {point_key(m): m["admission_k3"] for m in measurements}
   points, missing = [], []
   for r in calibration_rows:
     if r["point"] == "baseline":
       continue
-    key = (r["pair"], repr(sorted(r["overrides"].items())))
+    key = point_key(r)
     if key not in measured:
       missing.append(f"{r['pair']}/{r['point']}")
       continue
