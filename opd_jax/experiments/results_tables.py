@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-from opd_jax.experiments import real_pair_tables, serving_tables, study_tables
+from opd_jax.experiments import comparison_tables, real_pair_tables, serving_tables, study_tables
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
@@ -248,6 +248,7 @@ def all_tables(results_dir: str) -> dict[str, str]:
   tables.update(real_pair_tables.tables(results_dir))
   tables.update(serving_tables.tables(results_dir))
   tables.update(study_tables.tables(results_dir))
+  tables.update(comparison_tables.tables(results_dir))
   return tables
 
 
@@ -262,8 +263,9 @@ not what `results/` generates). How each file is made, and what the numbers mean
 
 def source_of(title: str) -> str:
   """The shipped file (or folder) a table of all_tables is rendered from."""
-  if title in study_tables.SOURCES:
-    return study_tables.SOURCES[title]
+  for sources in (study_tables.SOURCES, comparison_tables.SOURCES):
+    if title in sources:
+      return sources[title]
   kind, _, name = title.partition(" ")
   if kind in ("sweep", "importance"):
     return f"results/{name}.jsonl"
