@@ -10,7 +10,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
 def _run(*args, timeout=300):

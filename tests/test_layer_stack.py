@@ -92,8 +92,11 @@ def test_logits_gradients_and_an_optimizer_step_match_per_layer_storage(models):
   np.testing.assert_allclose(np.asarray(logits)[np.asarray(valid)], np.asarray(want_logits)[np.asarray(valid)],
                              atol=1e-6, rtol=0)
   assert grads["layers"]["mlp"]["up_proj"]["kernel"].get_value().shape[0] == 2  # gradients come back stacked
-  _assert_views_equal(grads, want_grads, atol=1e-6)
-  _assert_views_equal(updated, want_updated, atol=1e-6)
+  # Gradients up to ~10 in float32, accumulated in another order through the scan: within 5e-5 (about 20 ulps of
+  # the largest), and the Adam step's parameters within 1e-5; bit-equal at LLVM -O3, 1.8e-5 and 1.6e-6 apart at
+  # the -O0 tests/conftest.py compiles with.
+  _assert_views_equal(grads, want_grads, atol=5e-5)
+  _assert_views_equal(updated, want_updated, atol=1e-5)
 
 
 def test_noise_draws_what_per_layer_storage_draws(models):

@@ -102,7 +102,8 @@ def test_real_model_config_runs_end_to_end_on_a_tiny_gguf(tmp_path):
              "--config.data.max_prompt_tokens=48",
              "--config.rollout.max_new_tokens=8", "--config.train.progress_bar=False"]
   # The evaluation-only rerun compiles what the first run did: one compilation cache for the two.
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": str(tmp_path / "xla")}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0",  # as conftest.py
+         "OPD_JAX_COMPILATION_CACHE": str(tmp_path / "xla")}
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "prepare: imported" in result.stderr and "prepare: student" in result.stderr
