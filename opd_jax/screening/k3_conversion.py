@@ -73,6 +73,8 @@ def _entry(budget_file: dict, pair: str, steps) -> tuple[str, dict] | None:
   if not conversion or budget_file.get("scale") != conversion["scale"]:
     return None
   entry = conversion["by_steps"].get(str(steps)) or conversion["by_steps"].get(str(conversion["main_steps"]))
+  if not entry:  # no calibration point had a nonzero k3 at either horizon: nothing to convert with
+    return None
   name = pair if pair in entry else "pooled"
   return name, entry[name]
 
