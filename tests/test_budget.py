@@ -427,6 +427,8 @@ def test_the_k3_conversion_is_measured_per_pair_and_admission_divides_by_it():
   uncertain["k3_conversion"]["by_steps"]["150"]["pair1"]["bootstrap_factors"] = [1.0, 4.0] * 500
   assert admission.admit({"k3": 1.5 * limit}, uncertain, "pair1", 150)["confidence"] == pytest.approx(0.5, abs=0.05)
   assert result["confidence"] > 0.9
+  empty = {**budget, "k3_conversion": {**budget["k3_conversion"], "by_steps": {}}}  # no point had a k3: unconverted
+  assert admission.admit({"k3": 1.5 * limit}, empty, "pair1", 150)["k3_factor"] == 1.0
   unconverted = {k: v for k, v in budget.items() if k != "k3_conversion"}
   assert not admission.admit({"k3": 1.5 * limit}, unconverted, "pair1", 150)["admit"]
   assert k3_conversion.factor_for(unconverted, "pair1", 150) == (1.0, "admission k3 compared unconverted (the "
