@@ -21,8 +21,9 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_jsonl, read_results
-from opd_jax.experiments.real_pair_tables import _md
+from opd_jax.experiments.real_pair_tables import _md, _pct
 from opd_jax.experiments.sweep import fill_deltas
+from opd_jax.screening.k3_conversion import point_key
 
 SOURCES = {"OPD vs GRPO (pair1, 700 steps)": "results/pair1_main/, results/grpo_main/",
            "GRPO under mismatch (pair1, 150 steps)":
@@ -37,8 +38,14 @@ def _evals(rows: list[dict]) -> list[dict]:
   return [r for r in rows if "eval/accuracy" in r]
 
 
-def _pct(x: float) -> str:
-  return f"{100 * x:.1f}%"
+def _accuracy_cell(evals: list[dict]) -> str:
+  """Greedy held-out accuracy start -> end, sampled at the end in parentheses."""
+  return (f"{_pct(evals[0]['eval/accuracy'])} -> **{_pct(evals[-1]['eval/accuracy'])}** "
+          f"({_pct(evals[-1]['eval/accuracy_sampled'])})")
+
+
+def _train_seconds(rows: list[dict]) -> float | None:
+  return next((r["time/train_s"] for r in reversed(rows) if "time/train_s" in r), None)
 
 
 def opd_vs_grpo_table(runs: dict[str, list[dict]], at_step: int = 100) -> str:
@@ -47,34 +54,26 @@ def opd_vs_grpo_table(runs: dict[str, list[dict]], at_step: int = 100) -> str:
   body = []
   for name, rows in runs.items():
     evals = _evals(rows)
-    first, last = evals[0], evals[-1]
     middle = next((r for r in evals if r["step"] == at_step), None)
-    seconds = next((r["time/train_s"] for r in reversed(rows) if "time/train_s" in r), None)
-    body.append([name, f"{_pct(first['eval/accuracy'])} -> **{_pct(last['eval/accuracy'])}** "
-                       f"({_pct(last['eval/accuracy_sampled'])})",
-                 "n/a" if middle is None else _pct(middle["eval/accuracy"]),
-                 f"{first['eval/reverse_kl']:.3f} -> {last['eval/reverse_kl']:.3f}",
+    seconds = _train_seconds(rows)
+    body.append([name, _accuracy_cell(evals), "n/a" if middle is None else _pct(middle["eval/accuracy"]),
+                 f"{evals[0]['eval/reverse_kl']:.3f} -> {evals[-1]['eval/reverse_kl']:.3f}",
                  "n/a" if seconds is None else f"{seconds:.0f} s"])
   return _md(["objective", "held-out acc, greedy (sampled)", f"step {at_step}", "reverse KL to teacher",
               "training time"], body)
 
 
-def _key(row: dict) -> tuple:
-  """A point's knobs (a sweep's shared settings, GRPO's objective among them, are not in its overrides)."""
-  return tuple(sorted((k, repr(v)) for k, v in row["overrides"].items()))
-
-
 def grpo_mismatch_table(grpo: list[dict], opd: list[dict]) -> str:
   """Every GRPO point next to the OPD run of the same knobs (matched on the point's overrides; "n/a" where OPD
-  has none, e.g. a GRPO-only correction): final held-out accuracy and run-mean k3, and GRPO's mean training
-  reward."""
-  by_knobs = {_key(r): r for r in opd if r.get("status") == "ok"}
+  has none, e.g. a GRPO-only correction; a sweep's shared settings, GRPO's objective among them, are not in its
+  overrides): final held-out accuracy and run-mean k3, and GRPO's mean training reward."""
+  by_knobs = {point_key(r): r for r in opd if r.get("status") == "ok"}
   body = []
   for r in grpo:
     if r.get("status") != "ok":
       body.append([r["point"], "", "failed"])
       continue
-    twin = by_knobs.get(_key(r))
+    twin = by_knobs.get(point_key(r))
     opd_cell = "n/a" if twin is None else f"{_pct(twin['final_accuracy'])} ({twin['mismatch']['mismatch/k3']:.2g})"
     reward = r["mismatch"].get("rollout/reward", float("nan"))
     body.append([r["point"], opd_cell,
@@ -98,13 +97,12 @@ def knobs_run_table(rows: list[dict]) -> str:
   """One run under mismatch knobs: held-out accuracy start -> end, run-mean k3, the run-mean k1 split into
   precision (the sampler's knobs against the same-version learner) and staleness (that version against the
   current learner), the training time and the median s/step."""
-  evals, train = _evals(rows), [r for r in rows if "mismatch/k3" in r]
+  train = [r for r in rows if "mismatch/k3" in r]
   mean = lambda key: float(np.mean([r[key] for r in train if key in r]))
-  seconds = next(r["time/train_s"] for r in reversed(rows) if "time/train_s" in r)
+  seconds = _train_seconds(rows)
   return _md(["held-out acc, greedy (sampled)", "run-mean k3", "k1 precision", "k1 staleness", "training time",
               "s/step (median)"],
-             [[f"{_pct(evals[0]['eval/accuracy'])} -> **{_pct(evals[-1]['eval/accuracy'])}** "
-               f"({_pct(evals[-1]['eval/accuracy_sampled'])})", f"{mean('mismatch/k3'):.3g}",
+             [[_accuracy_cell(_evals(rows)), f"{mean('mismatch/k3'):.3g}",
                f"{mean('mismatch_split/precision_k1'):.2g}", f"{mean('mismatch_split/staleness_k1'):.2g}",
                f"{seconds:.0f} s", f"{np.median([r['perf/step_s'] for r in train]):.3f}"]])
 
