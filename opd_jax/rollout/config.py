@@ -10,9 +10,10 @@ from flax import nnx
 
 from opd_jax.errors import InputError
 from opd_jax.rollout import kv_cache, noise, placement, precision, snapshots
-from opd_jax.rollout.sampler import SamplingConfig
+from opd_jax.rollout.sampler import WEIGHT_DEQUANT, SamplingConfig
 
 NOISE_ORDERS = ("before_quant", "after_quant")
+WEIGHT_DEQUANT_CHOICES = ("auto", *WEIGHT_DEQUANT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,9 @@ class RolloutConfig:
   snapshots_on: str = "device"  # staleness snapshots (at the recipe's precision) on: device | host
   samples_per_prompt: int = 1  # responses per distinct prompt; the prompt is prefilled once per group
   split_mismatch: bool = True  # keep a dense learner copy per lagged version to split precision vs staleness
+  # When quantized sampler weights become dense: per_use (each decode step), per_call (once per generate call),
+  # auto (per_call on CPU, per_use elsewhere). Speed and transient memory only (SamplingConfig.dequantize_weights).
+  weight_dequant: str = "auto"
 
   def __post_init__(self):
     object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules,
@@ -61,6 +65,9 @@ class RolloutConfig:
       raise InputError(f"rollout.snapshots_on must be one of {snapshots.PLACES}, got {self.snapshots_on!r}")
     if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
       raise InputError(f"rollout.samples_per_prompt must be an integer >= 1, got {self.samples_per_prompt!r}")
+    if self.weight_dequant not in WEIGHT_DEQUANT_CHOICES:
+      raise InputError(f"rollout.weight_dequant must be one of {WEIGHT_DEQUANT_CHOICES}, "
+                       f"got {self.weight_dequant!r}")
     self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens
 
   @classmethod
@@ -97,12 +104,22 @@ class RolloutConfig:
             and self.top_k == 0 and self.top_p == 1.0)
 
   def sampling(self, *, eos_ids: tuple[int, ...], pad_id: int, logits_top_k: int = 0,
-               samples_per_prompt: int | None = None) -> SamplingConfig:
-    """samples_per_prompt: the group size rows come in (default: this config's; GRPO passes its group_size)."""
+               samples_per_prompt: int | None = None, platform: str | None = None) -> SamplingConfig:
+    """samples_per_prompt: the group size rows come in (default: this config's; GRPO passes its group_size).
+    platform: the backend the sampler runs on, which `weight_dequant="auto"` follows (default: jax's)."""
     return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, eos_ids=tuple(eos_ids), pad_id=pad_id, kv_dtype=self.kv_cache,
                           logits_top_k=logits_top_k,
-                          samples_per_prompt=samples_per_prompt or self.samples_per_prompt)
+                          samples_per_prompt=samples_per_prompt or self.samples_per_prompt,
+                          dequantize_weights=self.dequantize_on(platform))
+
+  def dequantize_on(self, platform: str | None = None) -> str:
+    """`weight_dequant` resolved for a backend: auto is per_call on CPU, whose XLA has no low-precision matmul
+    (dequantizing per decode step converts every weight every step: fp8 ran at 0.5x of float32 on SmolLM2),
+    and per_use on GPU / TPU, where the conversion fuses into the matmul and no dense copy is held."""
+    if self.weight_dequant != "auto":
+      return self.weight_dequant
+    return "per_call" if (platform or jax.default_backend()) == "cpu" else "per_use"
 
   def validate_for(self, state: nnx.State) -> None:
     """Checks the weight rules against a model's parameter paths (before any compilation)."""

@@ -40,6 +40,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from opd_jax.errors import InputError
 from opd_jax.rollout.kv_cache import KVCache, check_kv_dtype
 from opd_jax.rollout.placement import constrain_cache as placement_constrain
+from opd_jax.rollout.precision import dequantized
+
+
+WEIGHT_DEQUANT = ("per_use", "per_call")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,11 @@ class SamplingConfig:
   # compiled separately. 0 = automatic: max(32, ceil(max_new_tokens / 4)), i.e. at most four loops.
   decode_chunk: int = 0
   samples_per_prompt: int = 1  # rows come in groups of this many sharing one prompt, prefilled once per group
+  # When quantized weights become dense (WEIGHT_DEQUANT): "per_use" in every decode step, where they are used
+  # (accelerators fuse it into the matmul; the sampler never holds a dense copy), or "per_call" once per
+  # generate call before decoding (XLA:CPU has no low-precision matmul: per use, every step converts every
+  # weight). The numbers are the same either way; RolloutConfig.sampling picks by backend.
+  dequantize_weights: str = "per_use"
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -69,6 +78,8 @@ class SamplingConfig:
       raise InputError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={self.top_k}, top_p={self.top_p}")
     if self.samples_per_prompt < 1:
       raise InputError(f"samples_per_prompt must be >= 1, got {self.samples_per_prompt}")
+    if self.dequantize_weights not in WEIGHT_DEQUANT:
+      raise InputError(f"dequantize_weights must be one of {WEIGHT_DEQUANT}, got {self.dequantize_weights!r}")
     check_kv_dtype(self.kv_dtype)
 
 
@@ -136,6 +147,8 @@ def _prefill(model, config: SamplingConfig, prompt_BxP, prompt_valid_BxP, pin):
 
 def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt_BxP, prompt_valid_BxP,
               key) -> SampleOutput:
+  if config.dequantize_weights == "per_call":  # one dense copy for the whole call, outside every decode loop
+    state = dequantized(state)
   model = nnx.merge(graphdef, state)
   B, P = prompt_BxP.shape
   N = config.max_new_tokens

@@ -100,7 +100,8 @@ def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTran
 def rollout_sampler(graphdef, settings: RunSettings, weight_sync: WeightSync) -> Sampler:
   """The rollout engine's sampler, on the sampler mesh with the synced weights' layout."""
   sampling = settings.rollout.sampling(eos_ids=settings.eos_ids, pad_id=settings.pad_id,
-                                       logits_top_k=settings.sampler_top_k, samples_per_prompt=settings.group_size)
+                                       logits_top_k=settings.sampler_top_k, samples_per_prompt=settings.group_size,
+                                       platform=weight_sync.mesh.devices.flat[0].platform)
   return Sampler(graphdef, sampling, mesh=weight_sync.mesh, state_shardings=weight_sync.shardings)
 
 
