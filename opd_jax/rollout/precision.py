@@ -47,6 +47,7 @@ from flax import nnx
 
 from opd_jax.errors import InputError
 from opd_jax.models import layer_stack
+from opd_jax.models.linear import DEQUANT_SCOPE
 from opd_jax.models.sharding import array_bytes
 
 PRECISIONS = ("none", "bf16", "int8", "int4", "int3", "int2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3_tensor")
@@ -165,7 +166,11 @@ def apply_recipe(state: nnx.State, rules: Rules) -> nnx.State:
 
 def dequantized(state: nnx.State) -> nnx.State:
   """Dense copy of a (possibly quantized) state in each tensor's original dtype."""
-  dequant = lambda v: v.dequant() if isinstance(v, QTensor) else v
+  def dequant(v):
+    if not isinstance(v, QTensor):
+      return v
+    with jax.named_scope(DEQUANT_SCOPE):
+      return v.dequant()
   flat = []
   for path, variable in nnx.to_flat_state(state):
     value = variable.get_value()

@@ -1,0 +1,107 @@
+"""Benchmark tables from results/bench/: the sampler on real weights (launch/bench/sampler.py --out) and the
+guard's comparison with an earlier revision (launch/bench/compare.py --out). Timings of one machine, shipped with
+the machine, versions and commit they were measured on."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from opd_jax.experiments.files import read_json, read_jsonl
+
+SAMPLER = "results/bench/sampler.jsonl"
+SOURCES: dict[str, str] = {}
+CAPTIONS: dict[str, str] = {}  # title -> what one run measured on which machine (results.md prints it above)
+
+
+def _md(header: list[str], body: list[list[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+
+
+def _last_run(rows: list[dict]) -> list[dict]:
+  """The rows of the most recent run in the file (one run's rows share run_started)."""
+  last = rows[-1]["run_started"]
+  return [r for r in rows if r["run_started"] == last]
+
+
+def sampler_table(rows: list[dict]) -> str:
+  """One run: tokens/s per engine, vs transformers' generate and vs this sampler's float32 weights."""
+  ratio = lambda x: "" if x is None else f"{x:.2f}x"
+  body = [[r["engine"].replace("opd_jax ", "opd_jax, "), str(r["tokens"]), f"{r['tokens_per_s']:.0f}",
+           ratio(r["vs_transformers"]), ratio(r["vs_float32"])] for r in rows]
+  return _md(["engine", "tokens per call", "tokens/s (median)", "vs transformers", "vs opd_jax float32"], body)
+
+
+def run_caption(rows: list[dict]) -> str:
+  r = rows[0]
+  mode = "EOS on (held-out chat prompts, through each row's EOS)" if r["mode"] == "eos_on" else "EOS off"
+  return (f"{r['target']} ({r['params_m']}M parameters), batch {r['batch']}, prompt {r['prompt_tokens']}, "
+          f"{r['new_tokens']} new tokens, {mode}, greedy; median of {r['rounds']} interleaved rounds; "
+          f"{r['machine']['cpu']}, {r['machine']['cores']} cores; jax {r['versions']['jax']}, torch "
+          f"{r['versions']['torch']}; opd_jax {r['commit']}")
+
+
+def roofline_table(rows: list[dict]) -> str:
+  """The float32 decode step against this machine's measured matmul ceiling and read bandwidth."""
+  r = next(r for r in rows if r["engine"] == "opd_jax w=none kv=native")
+  return _md(["decode step (float32)", "measured here", "reached", "fraction"],
+             [["memory read, GB/s (weights + mean KV per step)", f"{r['machine_read_gbs']:.1f}",
+               f"{r['decode_read_gbs']:.1f}", f"{r['decode_read_gbs'] / r['machine_read_gbs']:.0%}"],
+              ["matmul, GFLOP/s (2 x params x batch per step)", f"{r['machine_matmul_gflops']:.1f}",
+               f"{r['decode_gflops']:.1f}", f"{r['decode_gflops'] / r['machine_matmul_gflops']:.0%}"]])
+
+
+def compare_table(comparison: dict) -> str:
+  body = [[c["engine"], f"{c['this_vs_transformers']:.2f}x", f"{c['rev_vs_transformers']:.2f}x",
+           f"{c['this_over_rev']:.2f}x"] for c in comparison["comparison"]]
+  return _md(["engine", "this tree vs transformers", f"{comparison['rev']} vs transformers", "this / rev"], body)
+
+
+def compare_runs(rows: dict[str, list[list[dict]]]) -> list[dict]:
+  """{"this": runs, "rev": runs} (a run: its benchmark rows) -> per (target, mode, engine) the median over runs of
+  each run's vs_transformers on each tree and their ratio, this / rev. Dividing by transformers' figure of the
+  same run first cancels the host's drift between runs."""
+  ratios: dict[tuple, dict[str, list[float]]] = {}
+  for tree, runs in rows.items():
+    for run_rows in runs:
+      for row in run_rows:
+        key = (row["target"], row["mode"], row["engine"])
+        ratios.setdefault(key, {}).setdefault(tree, []).append(row["vs_transformers"])
+  table = []
+  for (target, mode, engine), by_tree in ratios.items():
+    here, there = statistics.median(by_tree["this"]), statistics.median(by_tree["rev"])
+    table.append(dict(target=target, mode=mode, engine=engine, this_vs_transformers=here,
+                      rev_vs_transformers=there, this_over_rev=here / there))
+  return table
+
+
+def tables(results_dir: str) -> dict[str, str]:
+  out = {}
+  path = os.path.join(results_dir, "bench", "sampler.jsonl")
+  if os.path.exists(path):
+    rows = read_jsonl(path, "sampler benchmark file")
+    for mode in ("eos_off", "eos_on"):
+      for target in dict.fromkeys(r["target"] for r in rows if r["mode"] == mode):
+        run = _last_run([r for r in rows if r["mode"] == mode and r["target"] == target])
+        title = f"sampler speed: {target}, {mode.replace('_', ' ')}"
+        out[title] = sampler_table(run)
+        SOURCES[title], CAPTIONS[title] = SAMPLER, run_caption(run)
+        if mode == "eos_off" and any("decode_gflops" in r for r in run):
+          out[f"{title}, roofline"] = roofline_table(run)
+          SOURCES[f"{title}, roofline"] = SAMPLER
+  bench_dir = os.path.join(results_dir, "bench")
+  if os.path.isdir(bench_dir):
+    for name in sorted(os.listdir(bench_dir)):
+      if name.startswith("compare_") and name.endswith(".json"):
+        comparison = read_json(os.path.join(bench_dir, name), "benchmark comparison file")
+        r = comparison["rows"]["this"][0][0]
+        title = f"speed guard: {r['target']} against {comparison['rev']}"
+        out[title] = compare_table(comparison)
+        SOURCES[title] = f"results/bench/{name}"
+        CAPTIONS[title] = (f"launch/bench/compare.py --rev={comparison['rev']} "
+                           f"--bench_flags=\"{' '.join(comparison['bench_args'])}\": {len(comparison['rows']['this'])} "
+                           f"runs per tree, alternating; this tree at {r['commit']}, {comparison['rev']} at "
+                           f"{comparison['rev_commit']}; each engine's median ratio to transformers' generate in the "
+                           "same run")
+  return out
