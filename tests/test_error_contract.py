@@ -59,6 +59,14 @@ CASES = [
      "--config.served_teacher.preflight=maybe", "served_teacher.preflight must be one of"),
     ("train_second_teacher", "launch/train.py", "--config=configs/multi_teacher.py:runlocal", "--workdir={d}/run",
      "--config.teachers.pair3.checkpoint={d}/none", "does not exist"),
+    # stopping.py
+    ("stopping_prompts", "launch/stopping.py", "--config=configs/smollm2.py", "--prompts=0", "--prompts=0 must be >= 1"),
+    ("stopping_not_jsonl", "launch/stopping.py", "--config=configs/pair1.py", "data.source='arithmetic'"),
+    ("stopping_unprepared", "launch/stopping.py", "--config=configs/smollm2.py", "--config.prepare.dir={d}/none",
+     "is not an HF directory"),
+    # bench/compare.py
+    ("compare_no_rev", "launch/bench/compare.py", "--rev is required"),
+    ("compare_bad_rev", "launch/bench/compare.py", "--rev=no-such-revision", "give --rev as a commit"),
     # serve_teacher.py
     ("serve_no_model", "launch/serve_teacher.py", "give exactly one of --config"),
     ("serve_bad_port", "launch/serve_teacher.py", "--checkpoint={teacher}", "--port=70000", "--port in 0..65535"),

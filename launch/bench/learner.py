@@ -6,8 +6,9 @@ Times the jitted OPD train step with and without the mismatch metric families (t
 compile excluded, median of --repeats) on the embedded pair1 student, the ~191M config and the real pair
 (`smollm2`: the prepared SmolLM2 student -- the teacher's shape if the pruned student is not prepared -- at its
 config's shapes, batch 8 x (56 + 48) tokens, exact reverse KL with the teacher's head, 512-token vocabulary
-chunks). Goal: metrics <= 3%. For each step: the FLOPs XLA counts in the compiled program, the FLOP/s reached and
-their fraction of this process's measured float32 matmul ceiling (launch/bench/_machine.py).
+chunks). Goal: metrics <= 3%. For each step: its matmul FLOPs counted from the shapes (attention's own are
+left out), the FLOP/s reached and their fraction of this process's measured float32 matmul ceiling
+(launch/bench/_machine.py).
 """
 
 import functools
@@ -48,6 +49,17 @@ def _target(name: str, root: str):
     student = student if os.path.isfile(os.path.join(student, "config.json")) else teacher
     return student, teacher, (8, 56, 48), {"name": "reverse_kl"}, 512  # configs/smollm2.py's shapes
   raise InputError(f"--configs: unknown config {name!r}; use embedded, 191M or smollm2")
+
+
+def _train_flops(c, B: int, P: int, R: int, exact_teacher: bool) -> float:
+  """Matmul FLOPs of one train step, counted from the shapes (XLA's cost analysis counts a scanned layer body
+  once, not once per layer): forward + backward (3 x 2 FLOPs per weight) of the decoder layers on all B x (P + R)
+  tokens, of the LM head on the B x R response positions, and the teacher's head forward (exact objectives)."""
+  D, F = c.hidden_size, c.intermediate_size
+  q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+  layer = D * q + 2 * D * kv + q * D + 3 * D * F
+  flops = 6 * layer * c.num_hidden_layers * B * (P + R) + 6 * D * c.vocab_size * B * R
+  return float(flops + (2 * D * c.vocab_size * B * R if exact_teacher else 0))
 
 
 def run():
@@ -93,8 +105,7 @@ def run():
                                      mismatch_metrics=with_metrics))
       state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
       if not with_metrics:
-        cost = fn.lower(state, batch, teacher_params).compile().cost_analysis()
-        flops = float((cost[0] if isinstance(cost, (list, tuple)) else cost).get("flops", 0.0))
+        flops = _train_flops(model.config, B, P, R, exact_teacher=teacher_path is not None)
       jax.block_until_ready(fn(state, batch, teacher_params))
       samples = []
       for _ in range(_REPEATS.value):

@@ -21,7 +21,10 @@ results/host_rss.jsonl has the shipped comparisons). It assumes the run compiles
 warm persistent compilation cache lowers the compile term (the same pair1 run peaked at 1.13 GB with it). It
 also assumes a bounded allocator retention, which `train.malloc_arena_max` (glibc's arena cap, applied at
 the start of launch/train.py) helps: without the cache, 60-step pair1 runs peaked at 1.32-1.37 GB in four
-capped runs and at 1.35 and 1.46 GB in two with glibc's default (GB = 1e9 bytes).
+capped runs and at 1.35 and 1.46 GB in two with glibc's default (GB = 1e9 bytes). Not counted yet: on CPU the
+sampler decodes from a dense per-layer copy of its weights made once per call (rollout.weight_layout=auto ->
+dense_layers), while the plan compiles the accelerator layout (stored), so a CPU run can peak one sampler-weight
+copy (in the learner's dtype) above the prediction.
 
 On an accelerator the device buffers are not host memory and the compiler is another one; this prediction is
 for runs on the CPU backend (the laptop case), and the device plan is the one for accelerators.

@@ -224,7 +224,7 @@ class PlanConfig:
                            tensor_parallel=self.rollout_tensor, snapshots_on=self.snapshots_on,
                            split_mismatch=self.split_mismatch, temperature=self.temperature,
                            weight_rules=self.weight_rules, noise_sigma=self.noise_sigma, top_k=self.sampling_top_k,
-                           top_p=self.sampling_top_p)
+                           top_p=self.sampling_top_p, weight_layout="stored")  # plans are for accelerators
     except ValueError as e:
       raise InputError(f"rollout flags (--weights={self.weights!r}, --kv_cache={self.kv_cache!r}, "
                        f"--placement={self.placement!r}, ...): {e}") from None

@@ -1,0 +1,44 @@
+"""End-of-turn diagnostics (opd_jax/train/stopping.py): the EOS-logit gradient is the exact reverse KL's, and the
+study runs on a pair."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from opd_jax.models import load_pretrained
+from opd_jax.rollout.sampler import left_pad
+from opd_jax.train import stopping
+
+
+def test_the_eos_gradient_is_the_reverse_kl_gradient_on_the_eos_logit(monkeypatch):
+  """eos_report's per-position gradient equals jax.grad of KL(softmax(z) || p_T) with respect to z[eos], on
+  fixed logits (the models are replaced by the logits they would give)."""
+  rng = np.random.RandomState(0)
+  B, R, V, eos = 2, 3, 5, 1
+  student_logits, teacher_logits = rng.randn(B, R, V).astype(np.float32), rng.randn(B, R, V).astype(np.float32)
+  fake = {"student": jax.nn.log_softmax(student_logits, -1), "teacher": jax.nn.log_softmax(teacher_logits, -1)}
+  monkeypatch.setattr(stopping, "_log_softmax_rows", lambda model, *args: np.asarray(fake[model]))
+  response = np.array([[3, eos, 0], [2, 4, 3]])
+  mask = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+  report = stopping.eos_report("student", "teacher", None, None, response, mask, eos)
+
+  def kl(z_V, teacher_logp_V):
+    logp_V = jax.nn.log_softmax(z_V)
+    return jnp.sum(jnp.exp(logp_V) * (logp_V - teacher_logp_V))
+  grads = np.array([[jax.grad(kl)(student_logits[b, t], fake["teacher"][b, t])[eos] for t in range(R)]
+                    for b in range(B)])
+  np.testing.assert_allclose(report["eos_grad_per_token"], (grads * mask).sum() / mask.sum(), rtol=1e-5)
+  np.testing.assert_allclose(report["eos_grad_per_token_at_ends"], grads[0, 1] / mask.sum(), rtol=1e-5)
+  assert report["share_at_cap"] == 0.5 and report["mean_length"] == 2.5
+  np.testing.assert_allclose(report["teacher_p_eos_at_ends"], np.exp(fake["teacher"][0, 1, eos]), rtol=1e-6)
+
+
+def test_the_stopping_study_runs_on_a_pair(tiny_pair):
+  student, teacher = load_pretrained(tiny_pair["student"]), load_pretrained(tiny_pair["teacher"])
+  prompts, valid = left_pad([[5, 6, 7], [8, 9], [10, 11, 12, 13]], pad_id=0)
+  out = stopping.stopping_study(student, teacher, prompts, valid, max_new_tokens=6, temperature=1.0, eos_id=1,
+                                pad_id=0)
+  assert set(out) == {"student_rollouts", "teacher_greedy", "student_greedy"}
+  for report in out.values():
+    assert report["rows"] == 3 and 1 <= report["mean_length"] <= 6 and 0 <= report["share_at_cap"] <= 1
+    assert np.isfinite(report["eos_grad_per_token"])
