@@ -1,6 +1,7 @@
 """The programs of a run (opd_jax/train/programs.py): weights are arguments of every one of them, never constants
 baked into the executable, and the memory planner compiles the same programs the loop runs."""
 
+import dataclasses
 import re
 
 import jax
@@ -118,7 +119,10 @@ def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
   loop = programs.RunSettings.from_config(config, rollout, objective, vocab_size=shape.vocab_size,
                                           group_size=response_group(rollout, objective),
                                           eos_ids=shape.eos_token_id, pad_id=0)
-  assert plan.settings() == loop
+  # The one deliberate difference: plans are for accelerators, so the planner compiles the sampler's weights as
+  # stored; the loop's "auto" layout becomes dense per-layer copies on CPU (rollout.weight_layout).
+  assert plan.settings().rollout.weight_layout == "stored"
+  assert plan.settings() == dataclasses.replace(loop, rollout=dataclasses.replace(loop.rollout, weight_layout="stored"))
   assert (plan.attention, plan.scan_layers, plan.remat) == (config.model.attention, config.model.scan_layers,
                                                             config.model.remat)
   assert (plan.student_param_dtype, plan.student_compute_dtype, plan.teacher_dtype, plan.teacher_compute_dtype) == (
