@@ -186,6 +186,36 @@ def test_malloc_arena_cap_is_set_and_checked():
       malloc.cap_arenas(bad)
 
 
+def test_huge_page_malloc_restarts_the_process_once_with_the_tunable(tmp_path):
+  """use_huge_pages(True) re-executes the script with GLIBC_TUNABLES holding glibc.malloc.hugetlb=1 (kept beside
+  the user's other tunables); a user's own hugetlb setting wins; False changes nothing."""
+  import subprocess
+  from opd_jax.train import malloc
+  script = ("import os, sys; sys.path.insert(0, {root!r}); from opd_jax.train import malloc; "
+            "print('start', os.environ.get('GLIBC_TUNABLES', ''), flush=True); "
+            "print('on', malloc.use_huge_pages({on}))")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def run(on, tunables):
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env.update({"GLIBC_TUNABLES": tunables} if tunables else {})
+    path = tmp_path / "script.py"
+    path.write_text(script.format(root=root, on=on).replace("; ", "\n"))
+    out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")[:-1]
+
+  if not (sys.platform == "linux" and malloc._glibc_at_least(2, 35)):
+    assert run(True, "") == ["start ", "on False"]
+    return
+  assert run(True, "glibc.malloc.arena_max=2") == [
+      "start glibc.malloc.arena_max=2", "start glibc.malloc.arena_max=2:" + malloc.HUGETLB, "on True"]
+  assert run(True, "glibc.malloc.hugetlb=0") == ["start glibc.malloc.hugetlb=0", "on False"]
+  assert run(False, "") == ["start ", "on False"]
+  with pytest.raises(Exception, match="train.malloc_huge_pages must be True or False"):
+    malloc.use_huge_pages("yes")
+
+
 @pytest.mark.slow
 def test_host_rss_prediction_holds_for_a_run(tmp_path):
   """plan_memory.py --host_rss against the peak RSS of launch/train.py on the same config (pair1's smoke run),

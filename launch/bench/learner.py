@@ -9,6 +9,12 @@ config's shapes, batch 8 x (56 + 48) tokens, exact reverse KL with the teacher's
 chunks). Goal: metrics <= 3%. For each step: its matmul FLOPs counted from the shapes (attention's own are
 left out), the FLOP/s reached and their fraction of this process's measured float32 matmul ceiling
 (launch/bench/_machine.py).
+
+With --profile, where the real pair's step goes: its phases as separate jitted programs on the same batch and
+parameters -- the decoder layers forward + backward on all B x (P + R) tokens, the LM heads with the exact
+vocabulary divergence forward + backward on the B x R response positions (chunked as the step chunks them), and
+the optimizer update (AdamW over the student's parameters, bound by memory: its bytes against the measured read
+bandwidth) -- each against its own FLOP count and the ceiling; their sum against the whole step.
 """
 
 import functools
@@ -27,6 +33,7 @@ import _machine  # noqa: E402  (launch/bench/_machine.py: this script's director
 
 _CONFIGS = flags.DEFINE_list("configs", ["embedded", "191M"], "embedded (pair1 student), 191M, smollm2.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed steps per variant (median reported).")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also time the step's phases separately (smollm2 and 191M).")
 _DIR = flags.DEFINE_string("dir", None, "Where benchmark checkpoints are written (default: a temp dir).")
 
 
@@ -62,6 +69,81 @@ def _train_flops(c, B: int, P: int, R: int, exact_teacher: bool) -> float:
   return float(flops + (2 * D * c.vocab_size * B * R if exact_teacher else 0))
 
 
+def _phases(graphdef, params, teacher_graphdef, teacher_params, optimizer, batch, chunk: int, c, B, P, R):
+  """[(phase, seconds, GFLOP, GB moved)] of one step's parts, each its own jitted program (median of --repeats)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from flax import nnx
+
+  from opd_jax.objectives.chunked import gather_logp, tempered_log_softmax, token_map
+  from opd_jax.objectives.logprobs import response_hidden
+  from opd_jax.objectives.losses import divergence_exact
+
+  def layers(p, b):  # the decoder layers (embedding, attention, MLPs, final norm) on all tokens, to hidden states
+    model = nnx.merge(graphdef, p)
+    return jnp.sum(response_hidden(model, b.prompt_BxP, b.prompt_valid_BxP, b.response_BxR, b.mask_BxR))
+
+  def heads(p, hidden_BxRxD, b, tp):  # LM head + log-softmax + exact divergence with the teacher's head, chunked
+    model = nnx.merge(graphdef, p)
+    teacher = nnx.merge(teacher_graphdef, tp) if teacher_graphdef is not None else None
+
+    def per_chunk(x):
+      logits = model.logits(x["hidden"])
+      out = {"logp": gather_logp(tempered_log_softmax(logits, 1.0), x["tokens"])}
+      if teacher is not None:
+        out["div"] = divergence_exact(logits, jax.lax.stop_gradient(teacher.logits(x["teacher"])), 1.0, 1.0)
+      return out
+
+    arrays = {"hidden": hidden_BxRxD, "tokens": b.response_BxR}
+    if teacher is not None:
+      arrays["teacher"] = b.teacher_hidden_BxRxD
+    out = token_map(per_chunk, arrays, chunk)
+    return sum(jnp.sum(v) for v in out.values())
+
+  D, F, V, T = c.hidden_size, c.intermediate_size, c.vocab_size, B * (P + R)
+  q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+  shapes = [(D, q), (D, kv), (D, kv), (q, D), (D, F), (D, F), (F, D)]
+  rng = np.random.RandomState(2)
+  weights = [[jnp.asarray(rng.randn(*s).astype(np.float32) * 0.02) for s in shapes]
+             for _ in range(c.num_hidden_layers)]
+  acts = {n: jnp.asarray(rng.randn(T, n).astype(np.float32)) for n in {D, q, F}}
+
+  def matmuls(ws, xs):  # every weight matmul of the layers, forward and both backward products, alone
+    total = 0.0
+    for layer in ws:
+      for w in layer:
+        x, dy = xs[w.shape[0]], xs[w.shape[1]] if w.shape[1] in xs else xs[D][:, :w.shape[1]]
+        total += jnp.sum(x @ w) + jnp.sum(dy @ w.T) + jnp.sum(x.T @ dy)
+    return total
+
+  hidden = jnp.asarray(np.random.RandomState(1).randn(B, R, c.hidden_size).astype(np.float32))
+  opt_state = optimizer.init(params)
+  update = lambda g, o, p: optax.apply_updates(p, optimizer.update(g, o, p)[0])
+  programs = {"layers fwd+bwd": (jax.jit(jax.grad(layers)), (params, batch)),
+              "  their weight matmuls alone": (jax.jit(matmuls), (weights, acts)),
+              "heads + divergence fwd+bwd": (jax.jit(jax.grad(heads, argnums=(0, 1))),
+                                             (params, hidden, batch, teacher_params)),
+              "optimizer update": (jax.jit(update), (params, opt_state, params))}
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  layer_flops = 6 * sum(a * b for a, b in shapes) * c.num_hidden_layers * T
+  work = {"layers fwd+bwd": (layer_flops, 0), "  their weight matmuls alone": (layer_flops, 0),
+          "heads + divergence fwd+bwd": (6 * D * V * B * R + (2 * D * V * B * R if teacher_graphdef else 0), 0),
+          # AdamW reads params, grads, both moments and writes params and both moments: 7 float32 arrays
+          "optimizer update": (0, 7 * 4 * n_params)}
+  rows = []
+  for name, (fn, args) in programs.items():
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(_REPEATS.value):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      samples.append(time.perf_counter() - start)
+    rows.append((name, float(np.median(samples)), work[name][0] / 1e9, work[name][1] / 1e9))
+  return rows
+
+
 def run():
   import jax
   import jax.numpy as jnp
@@ -74,8 +156,8 @@ def run():
   from opd_jax.train.step import RolloutBatch, TrainState, train_step
 
   root = _DIR.value or tempfile.mkdtemp(prefix="opd_bench_")
-  gflops_ceiling, _ = _machine.machine_limits()
-  print(f"measured here: float32 matmul {gflops_ceiling:.1f} GFLOP/s")
+  gflops_ceiling, bandwidth = _machine.machine_limits()
+  print(f"measured here: float32 matmul {gflops_ceiling:.1f} GFLOP/s, memory read {bandwidth:.1f} GB/s")
   print(f"{'config':<10} {'batch x tokens':>15} {'step s (no metrics)':>20} {'step s (metrics)':>17} "
         f"{'metric cost':>12} {'GFLOP/step':>11} {'GFLOP/s':>8} {'of ceiling':>11}")
   for name in _CONFIGS.value:
@@ -119,6 +201,18 @@ def run():
           f"{flops / 1e9:>11.1f} {reached:>8.1f} {reached / gflops_ceiling:>10.0%}")
     if name == "smollm2":
       print(f"  (student: {path}, {model.config.num_hidden_layers} layers)")
+    if _PROFILE.value and name != "embedded":
+      rows = _phases(graphdef, params, teacher_graphdef, teacher_params, optimizer, batch, chunk, model.config,
+                     B, P, R)
+      print(f"  {'phase':<28} {'s':>8} {'of step':>8} {'GFLOP':>7} {'GFLOP/s':>8} {'of ceiling':>11} "
+            f"{'GB':>6} {'of bandwidth':>13}")
+      for phase, seconds, gflop, gb in rows:
+        reach = f"{gflop / seconds:>8.1f} {gflop / seconds / gflops_ceiling:>10.0%}" if gflop else f"{'':>8} {'':>11}"
+        moved = f"{gb:>6.2f} {gb / seconds / bandwidth:>12.0%}" if gb else f"{'':>6} {'':>13}"
+        print(f"  {phase:<28} {seconds:>8.3f} {seconds / times[False]:>7.0%} {gflop:>7.1f} {reach} {moved}")
+      total = sum(r[1] for r in rows if not r[0].startswith(" "))
+      print(f"  {'sum of phases':<28} {total:>8.3f} {total / times[False]:>7.0%}   (the rest: the metrics-free "
+            f"step's own glue, loss, masking, the non-finite guard)")
 
 
 def main(argv):
