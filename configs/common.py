@@ -101,6 +101,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.data.use_chat_template = False  # wrap prompts as a user turn when the tokenizer has a chat template
   c.data.max_prompt_tokens = 20  # prompts are left-padded (or cut from the left) to this length
   c.data.seed = 0  # problem generation and shuffling
+  # Training mix by the rows' "source" field (JSONL): "name=weight,..." draws each source in proportion to its
+  # weight, whatever its size (every source of the set needs a weight; 0 leaves it out); "" = every prompt
+  # equally often.
+  c.data.mix = ""
 
   c.rollout = ml_collections.ConfigDict()  # every mismatch knob; see opd_jax/rollout/config.py
   c.rollout.weights = "none"  # sampler weight recipe: none | bf16 | int8 | int4 | int3 | int2 | fp8 | fp8_e5m2

@@ -111,6 +111,7 @@ def test_chat_prompt_set_is_generated_and_split_by_subject():
     shipped = load_jsonl(os.path.join(chat_prompts.ASSET_DIR, f"{split}.jsonl"))
     assert [p.prompt for p in shipped] == [r["prompt"] for r in rows]
     assert [p.answer for p in shipped] == [r.get("answer") for r in rows]
+    assert [p.source for p in shipped] == [r["source"] for r in rows]
   assert len(built["train"]) + len(built["heldout"]) >= 2000
   train = {r["prompt"] for r in built["train"]}
   assert not train & {r["prompt"] for r in built["heldout"]}
@@ -122,6 +123,61 @@ def test_chat_prompt_set_is_generated_and_split_by_subject():
   heldout_countries = {country(r["prompt"]) for r in built["heldout"] if "the capital of" in r["prompt"]}
   assert not heldout_countries & {country(t) for t in train if "the capital of" in t}
   assert ["answer" in r for r in built["heldout"][:6]] == [True, False] * 3  # any prefix mixes both kinds
+
+
+def _mixed_draws(problems, mix, draws, state=None):
+  from opd_jax.train.data import PromptPipeline
+  tokenizer = build_char_tokenizer_dir()
+  pipeline = PromptPipeline(problems, tokenizer, batch_size=4, max_prompt_tokens=8, seed=0, mix=mix)
+  if state:
+    pipeline.set_state(state)
+  indices = [int(i) for _ in range(draws // 4) for i in next(pipeline)["index_B"]]
+  return indices, pipeline.get_state()
+
+
+def build_char_tokenizer_dir(_cache={}):
+  import tempfile
+  if "tok" not in _cache:
+    path = tempfile.mkdtemp(prefix="opd_char_tok_")
+    build_char_tokenizer(path)
+    _cache["tok"] = load_tokenizer(path)
+  return _cache["tok"]
+
+
+def test_training_mix_draws_sources_by_weight_and_resumes():
+  """data.mix: a 10-prompt source beside a 90-prompt one, weighted 1:1, makes half the draws; a pipeline resumed
+  from its state draws what the uninterrupted one does; without a mix every prompt is drawn equally often."""
+  from opd_jax.data.task import Problem
+  problems = [Problem(f"{i}+1\n", None, source="short" if i < 10 else "long") for i in range(100)]
+  indices, _ = _mixed_draws(problems, {"long": 1.0, "short": 1.0}, 400)
+  short = sum(i < 10 for i in indices)
+  assert short == 200 and len(set(indices)) == 100  # grain's mix interleaves by weight exactly
+  assert all(indices.count(i) == 20 for i in range(10))  # each short prompt repeats as its source cycles
+  plain, _ = _mixed_draws(problems, None, 400)
+  assert sum(i < 10 for i in plain) == 40
+  first, state = _mixed_draws(problems, {"long": 3.0, "short": 1.0}, 40)
+  rest, _ = _mixed_draws(problems, {"long": 3.0, "short": 1.0}, 40, state)
+  whole, _ = _mixed_draws(problems, {"long": 3.0, "short": 1.0}, 80)
+  assert first + rest == whole and sum(i < 10 for i in whole) == 20
+  dropped, _ = _mixed_draws(problems, {"long": 0.0, "short": 1.0}, 40)
+  assert all(i < 10 for i in dropped)
+
+
+@pytest.mark.parametrize("spec, problem_sources, message", [
+    ("chat=1,capitals", ["chat"], "data.mix: 'capitals' is not 'source=weight'"),
+    ("chat=-1", ["chat"], "is not 'source=weight' with a weight >= 0"),
+    ("chat=1,chat=2", ["chat"], "each source once"),
+    ("chat=0", ["chat"], "at least one weight must be > 0"),
+    ("chat=1", ["chat", "capitals"], "data.mix has no weight for source 'capitals'"),
+    ("chat=1,capital=1", ["chat"], "data.mix weights source 'capital', but no training prompt has it"),
+    ("chat=1", ["chat", ""], "training prompts have no \"source\""),
+])
+def test_training_mix_errors_name_the_culprit(spec, problem_sources, message):
+  from opd_jax.data.problems import mix_groups, parse_mix
+  from opd_jax.data.task import Problem
+  from opd_jax.errors import InputError
+  with pytest.raises(InputError, match=message):
+    mix_groups([Problem("1+1\n", None, source=s) for s in problem_sources], parse_mix(spec))
 
 
 def test_char_tokenizer_round_trips(tmp_path):

@@ -44,6 +44,8 @@ CASES = [
     ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
     ("train_placement", *TRAIN, "--config.rollout.placement=remote", "rollout.placement"),
     ("train_malloc_arenas", *TRAIN, "--config.train.malloc_arena_max=-2", "train.malloc_arena_max must be"),
+    ("train_mix_spec", *TRAIN, "--config.data.mix=chat", "data.mix: 'chat' is not 'source=weight'"),
+    ("train_mix_no_source", *TRAIN, "--config.data.mix=chat=1", "training prompts have no \"source\""),
     # train.py: files
     ("train_workdir_file", "launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/file",
      "is a file"),

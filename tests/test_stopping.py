@@ -42,3 +42,29 @@ def test_the_stopping_study_runs_on_a_pair(tiny_pair):
   for report in out.values():
     assert report["rows"] == 3 and 1 <= report["mean_length"] <= 6 and 0 <= report["share_at_cap"] <= 1
     assert np.isfinite(report["eos_grad_per_token"])
+
+
+def test_evaluation_reports_the_share_at_the_cap_and_the_share_that_repeats(tmp_path):
+  """evaluate's at_cap counts responses that used the whole token budget; repetition those in which some
+  8-token run occurs twice (a 7-token run twice, or a response cut short, does not count)."""
+  import types
+
+  from opd_jax.data.char_tokenizer import build_char_tokenizer
+  from opd_jax.data.task import Problem
+  from opd_jax.models import load_tokenizer
+  from opd_jax.train import evaluation
+
+  loop8 = list(range(3, 11)) * 2  # 16 tokens: an 8-token run twice, at the cap
+  loop7 = list(range(3, 10)) * 2 + [20, 21]  # a 7-token run twice, at the cap
+  short = list(range(3, 9)) + [0] * 10  # 6 tokens then padding: ended
+  rows = np.array([loop8, loop7, short], np.int32)
+  mask = np.array([[1] * 16, [1] * 16, [1] * 6 + [0] * 10], np.float32)
+  sampler = lambda state, prompts, valid, key: types.SimpleNamespace(tokens_BxN=rows, mask_BxN=mask)
+  path = str(tmp_path)
+  build_char_tokenizer(path)
+  problems = [Problem(f"{i}+1\n", None) for i in range(3)]
+  result = evaluation.evaluate(sampler, None, load_tokenizer(path), problems, max_prompt_tokens=8, batch_size=3,
+                               key=jax.random.PRNGKey(0))
+  assert result["at_cap"] == 2 / 3 and result["repetition"] == 1 / 3
+  assert abs(result["response_tokens"] - (16 + 16 + 6) / 3) < 1e-6
+  assert evaluation.repeats([5] * 9) and not evaluation.repeats([5] * 8)

@@ -3,7 +3,8 @@
 Made by this project (no download): `opd_jax/assets/chat/sources.json` lists subjects (topics, concepts,
 activities, pairs to compare, sentences to edit, things to name) and a country -> capital table; every
 template below is applied to every subject of its kind. OPD needs no answers, so chat rows carry only a
-"prompt". Capital questions carry an "answer" and `"grader": "contains"` (the capital named on the response's
+"prompt" and their "source" ("chat"; capital questions: "capitals"), which `data.mix` weights. Capital
+questions carry an "answer" and `"grader": "contains"` (the capital named on the response's
 first line) only for the countries in sources.json's "teacher_known_capitals": those whose capital the
 teacher names correctly in greedy decoding (launch/build_chat_prompts.py measures it), so accuracy is
 reported on a task where the teacher is reliable; the other countries' questions are plain prompts.
@@ -58,20 +59,21 @@ def _sources(path: str | None = None) -> dict:
 
 
 def build(sources: dict | None = None) -> dict[str, list[dict]]:
-  """{"train": rows, "heldout": rows}; rows are {"prompt"} or {"prompt", "answer", "grader"} dicts."""
+  """{"train": rows, "heldout": rows}; rows are {"prompt", "source"} or {"prompt", "answer", "grader", "source"}."""
   sources = sources or _sources()
   chat = {"train": [], "heldout": []}
   for kind, templates in TEMPLATES.items():
     for subject in sources[kind]:
       parts = subject if isinstance(subject, list) else [subject]
       split = "heldout" if _heldout(" / ".join(parts), HELDOUT_SHARE) else "train"
-      chat[split] += [{"prompt": template.format(*parts)} for template in templates]
+      chat[split] += [{"prompt": template.format(*parts), "source": "chat"} for template in templates]
   capitals = {"train": [], "heldout": []}
   known = set(sources.get("teacher_known_capitals", ()))
   for country, capital in sources["capitals"]:
     split = "heldout" if _heldout(country, CAPITALS_HELDOUT_SHARE) else "train"
     answer = {"answer": capital, "grader": "contains"} if country in known else {}
-    capitals[split] += [{"prompt": t.format(country), **answer} for t in CAPITAL_TEMPLATES[split]]
+    capitals[split] += [{"prompt": t.format(country), **answer, "source": "capitals"}
+                        for t in CAPITAL_TEMPLATES[split]]
   rng = random.Random(SHUFFLE_SEED)
   train = chat["train"] + capitals["train"]
   rng.shuffle(train)

@@ -28,6 +28,7 @@ class Problem:
   solution: str = ""  # the worked reference solution (what a supervised model is trained to write)
   grader: str = "final_answer"  # how `answer` is checked: see opd_jax.data.grader.GRADERS
   teacher: str = ""  # multi-teacher runs: the teacher that scores this prompt ("" = routed by rule or default)
+  source: str = ""  # the part of the training set it belongs to; `data.mix` weights the parts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import os
 
 import jax
 
+from opd_jax.data.problems import parse_mix
 from opd_jax.errors import InputError
 from opd_jax.models import read_hf_config
 from opd_jax.models import sharding as shard_lib
@@ -76,6 +77,9 @@ def check_config(config, device_count: int | None = None) -> tuple[RolloutConfig
   if t.eval_weights == "sampler" and t.eval_batch_size % sampler_rows:
     raise InputError(f"train.eval_batch_size={t.eval_batch_size} is not divisible by the sampler's batch ways "
                      f"{sampler_rows} (train.eval_weights='sampler' decodes there); change one of them")
+  if not isinstance(config.data.mix, str):
+    raise InputError(f"data.mix must be a string 'source=weight,...' ('' = no mix), got {config.data.mix!r}")
+  parse_mix(config.data.mix)
   if config.data.source not in ("arithmetic", "jsonl"):
     raise InputError(f"data.source must be 'arithmetic' or 'jsonl', got {config.data.source!r}")
   if config.data.source == "jsonl":

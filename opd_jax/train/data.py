@@ -7,6 +7,7 @@ import numpy as np
 
 from opd_jax.data.batching import encode_prompts
 from opd_jax.data.char_tokenizer import check_text, is_char_tokenizer
+from opd_jax.data.problems import mix_groups
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
 
@@ -19,10 +20,14 @@ class PromptPipeline:
   are part of the state, so a resumed run counts on from the checkpoint, like an uninterrupted one. With the
   embedded character tokenizer every prompt is checked for characters outside its vocabulary up front, so a bad
   problem set fails here rather than mid-run.
+
+  mix: {source: weight} (`data.mix`): each source's prompts are shuffled and repeated on their own and drawn in
+  proportion to the weights (grain's MapDataset.mix), whatever each source's size; empty = every prompt equally
+  often.
   """
 
   def __init__(self, problems: list[Problem], tokenizer, *, batch_size: int, max_prompt_tokens: int, seed: int,
-               use_chat_template: bool = False):
+               use_chat_template: bool = False, mix: dict[str, float] | None = None):
     if not problems:
       raise InputError("the training problem set is empty")
     if is_char_tokenizer(tokenizer):
@@ -38,8 +43,13 @@ class PromptPipeline:
       return {"prompt_BxP": tokens[0], "prompt_valid_BxP": valid[0], "index_B": np.int64(index),
               "truncated_B": np.bool_(bool(cut))}
 
-    dataset = (grain.MapDataset.range(len(problems)).shuffle(seed=seed).repeat().map(encode)
-               .batch(batch_size, drop_remainder=True))
+    if mix:
+      parts = [(grain.MapDataset.source(indices).shuffle(seed=seed + i).repeat(), weight)
+               for i, (indices, weight) in enumerate(mix_groups(problems, mix))]
+      indices = grain.MapDataset.mix([p for p, _ in parts], [w for _, w in parts])
+    else:
+      indices = grain.MapDataset.range(len(problems)).shuffle(seed=seed).repeat()
+    dataset = indices.map(lambda i: encode(int(i))).batch(batch_size, drop_remainder=True)
     self._iterator = iter(dataset.to_iter_dataset())
 
   def __next__(self) -> dict[str, np.ndarray]:

@@ -60,6 +60,20 @@ def make_kl_fn(student_graphdef, teacher_graphdef, logits_chunk: int = 0, direct
   return jax.jit(shard_lib.with_activations_on(mesh, kl))
 
 
+REPEAT_NGRAM = 8  # a response "repeats itself" when some run of this many tokens occurs in it twice
+
+
+def repeats(tokens_N) -> bool:
+  """Whether some REPEAT_NGRAM-token sequence occurs at least twice in the response's tokens."""
+  seen = set()
+  for i in range(len(tokens_N) - REPEAT_NGRAM + 1):
+    gram = tuple(tokens_N[i:i + REPEAT_NGRAM])
+    if gram in seen:
+      return True
+    seen.add(gram)
+  return False
+
+
 def grade(text: str, problem: Problem) -> bool | None:
   """Whether `text` answers `problem` correctly; None for a problem without an answer."""
   return None if problem.answer is None else is_correct(text, problem.answer, problem.grader)
@@ -91,8 +105,10 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
              batch_size: int, key: jax.Array, use_chat_template: bool = False, put: Callable = lambda x: x,
              kl_fn=None, teacher_state=None, keep: Responses | None = None, sampler_state=None,
              put_sampler: Callable | None = None, routes=None, teachers_kl=None) -> dict[str, float]:
-  """Accuracy (over the problems with an answer), mean response tokens and, given kl_fn (a `make_kl_fn`
-  function, called with `state` and `teacher_state`), its token mean as "kl".
+  """Accuracy (over the problems with an answer), mean response tokens, "at_cap" (the share of responses that
+  used every token of the sampler's budget, i.e. did not end), "repetition" (the share in which some
+  REPEAT_NGRAM-token sequence occurs twice) and, given kl_fn (a `make_kl_fn` function, called with `state` and
+  `teacher_state`), its token mean as "kl".
 
   Problems are processed in batches of `batch_size` (the last one padded by repeating, then dropped); `put`
   places each input batch (e.g. onto a sharded mesh). `keep` collects the responses and texts. With
@@ -102,7 +118,8 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
   measure each problem's KL to its own teacher instead; "kl_by_teacher" maps each teacher with held-out tokens
   (its index) to its token mean.
   """
-  correct, lengths = [], []
+  correct, lengths, repeated = [], [], []
+  budget = 0
   teachers_kl = teachers_kl or ([(kl_fn, teacher_state)] if kl_fn is not None else [])
   kl_sums, kl_counts = np.zeros(len(teachers_kl)), np.zeros(len(teachers_kl))
   for start in range(0, len(problems), batch_size):
@@ -131,11 +148,15 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
       kl_sums[n], kl_counts[n] = kl_sums[n] + float(total), kl_counts[n] + float(count)
     texts = decode_responses(tokenizer, tokens, host_mask)[:len(chunk)]
     correct += [ok for ok in (grade(t, p) for t, p in zip(texts, chunk)) if ok is not None]
-    lengths += list(np.asarray(host_mask).sum(1)[:len(chunk)])
+    host_tokens, host_mask = np.asarray(tokens), np.asarray(host_mask)
+    budget = host_mask.shape[1]
+    lengths += list(host_mask.sum(1)[:len(chunk)])
+    repeated += [repeats(row[m > 0].tolist()) for row, m in zip(host_tokens[:len(chunk)], host_mask[:len(chunk)])]
     if keep is not None:
       keep.batches.append((prompts, valid, response, mask))
       keep.texts += texts
-  result = {"response_tokens": float(np.mean(lengths))}
+  result = {"response_tokens": float(np.mean(lengths)),
+            "at_cap": float(np.mean([n >= budget for n in lengths])), "repetition": float(np.mean(repeated))}
   if correct:
     result["accuracy"] = float(np.mean(correct))
   if teachers_kl:

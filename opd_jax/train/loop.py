@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from opd_jax.data.problems import get_problems
+from opd_jax.data.problems import get_problems, parse_mix
 from opd_jax.data.task import ArithmeticTask, Problem
 from opd_jax.errors import InputError
 from opd_jax.models import load_tokenizer
@@ -84,7 +84,7 @@ def train(config, workdir: str) -> dict:
   group = response_group(rollout, objective)  # responses per distinct prompt in a batch
   prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size // group,
                            max_prompt_tokens=d.max_prompt_tokens, seed=d.seed,
-                           use_chat_template=d.use_chat_template)
+                           use_chat_template=d.use_chat_template, mix=parse_mix(d.mix))
 
   # Learner.
   o = config.optimizer
