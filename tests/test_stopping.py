@@ -1,6 +1,8 @@
 """End-of-turn diagnostics (opd_jax/train/stopping.py): the EOS-logit gradient is the exact reverse KL's, and the
 study runs on a pair."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,3 +70,53 @@ def test_evaluation_reports_the_share_at_the_cap_and_the_share_that_repeats(tmp_
   assert result["at_cap"] == 2 / 3 and result["repetition"] == 1 / 3
   assert abs(result["response_tokens"] - (16 + 16 + 6) / 3) < 1e-6
   assert evaluation.repeats([5] * 9) and not evaluation.repeats([5] * 8)
+
+
+def test_a_student_relearns_to_stop_only_when_training_rows_show_the_teacher_ending(tmp_path):
+  """The SmolLM2 failure at tiny scale (docs/real_pair.md): OPD teaches a student to end a response only at
+  prefixes where the teacher ends it. The embedded pair1 student with its end-of-sequence embedding zeroed never
+  ends a short answer (EOS probability 0.008 where the teacher's is 1.0). Trained on a set where 94% of prompts
+  are long chains whose answers run past the 24-token cap (the old, unweighted SmolLM2 set's proportion), it
+  still never ends; with data.mix drawing the short prompts half the time it ends every held-out short answer."""
+  import json
+  import random
+  import shutil
+
+  from safetensors.numpy import load_file, save_file
+
+  from configs import common
+  from opd_jax.data.task import ArithmeticTask
+  from opd_jax.train.loop import train
+  from opd_jax.train.pairs import ASSETS
+
+  student = str(tmp_path / "student")
+  shutil.copytree(os.path.join(ASSETS, "pair1", "student"), student)
+  weights = load_file(os.path.join(student, "model.safetensors"))
+  weights["model.embed_tokens.weight"][1] = 0.0  # EOS (id 1): its logit is 0 at every position
+  save_file(weights, os.path.join(student, "model.safetensors"))
+  short = ArithmeticTask(min_terms=2, max_terms=2, min_digits=1, max_digits=1)  # answers of 12-14 characters
+  long_ = ArithmeticTask(min_terms=6, max_terms=6, min_digits=2, max_digits=2)  # 52-62: past the cap
+  rows = [{"prompt": p.prompt, "source": "long"} for p in long_.problems("train", 300, 0)]
+  rows += [{"prompt": p.prompt, "source": "short"} for p in short.problems("train", 20, 0)]
+  random.Random(0).shuffle(rows)
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "heldout.jsonl").write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n"
+                                                  for p in short.problems("heldout", 32, 0)))
+  at_cap = {}
+  for mix in ("", "short=1,long=1"):
+    c = common.pair_config("pair1", "runlocal")
+    c.student = student
+    c.data.source, c.data.mix = "jsonl", mix
+    c.data.train_file, c.data.heldout_file = str(tmp_path / "train.jsonl"), str(tmp_path / "heldout.jsonl")
+    c.rollout.max_new_tokens = 24
+    c.train.steps = c.train.eval_every = c.train.checkpoint_every = 30
+    c.train.batch_size, c.train.eval_size, c.train.eval_batch_size = 16, 32, 32
+    c.train.progress_bar, c.train.export_dtype, c.train.eval_sampled = False, "", False
+    c.model.attention, c.model.scan_layers = "reference", False
+    workdir = str(tmp_path / (mix or "unweighted"))
+    train(c, workdir)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      at_cap[mix] = [row["eval/at_cap"] for row in map(json.loads, f) if "eval/at_cap" in row]
+  assert at_cap[""][0] == at_cap["short=1,long=1"][0] == 1.0  # before training: no short answer ends
+  assert at_cap[""][-1] >= 0.9  # the old set: still none (measured: 1.0)
+  assert at_cap["short=1,long=1"][-1] <= 0.2  # the mix: they end (measured: 0.0)
