@@ -72,12 +72,17 @@ def test_evaluation_reports_the_share_at_the_cap_and_the_share_that_repeats(tmp_
   assert evaluation.repeats([5] * 9) and not evaluation.repeats([5] * 8)
 
 
-def test_a_student_relearns_to_stop_only_when_training_rows_show_the_teacher_ending(tmp_path):
-  """The SmolLM2 failure at tiny scale (docs/real_pair.md): OPD teaches a student to end a response only at
-  prefixes where the teacher ends it. The embedded pair1 student with its end-of-sequence embedding zeroed never
-  ends a short answer (EOS probability 0.008 where the teacher's is 1.0). Trained on a set where 94% of prompts
-  are long chains whose answers run past the 24-token cap (the old, unweighted SmolLM2 set's proportion), it
-  still never ends; with data.mix drawing the short prompts half the time it ends every held-out short answer."""
+def test_a_student_relearns_to_stop_only_with_teacher_endings_in_its_rows_and_a_forward_pull(tmp_path):
+  """The SmolLM2 failure at tiny scale, both halves of it (docs/real_pair.md). The embedded pair1 student with its
+  end-of-sequence embedding flipped (-0.5x) never ends a short answer (EOS probability 0.000 where the teacher's
+  is 1.0), as the SmolLM2 student ends none after its first OPD steps. Trained 30 steps:
+  - on a set where 94% of prompts are long chains whose answers run past the 24-token cap (the old, unweighted
+    SmolLM2 set's proportion), with JSD: still at the cap on every held-out short answer (no row shows the
+    teacher ending);
+  - with data.mix drawing the short prompts half the time, but exact reverse KL: still at the cap (its gradient
+    on the EOS logit is proportional to the student's own EOS probability, here ~0);
+  - with the mix and JSD (beta 0.5, the shipped SmolLM2 objective): it ends most of them (measured 0.59 at the
+    cap, accuracy 0.91)."""
   import json
   import random
   import shutil
@@ -92,7 +97,7 @@ def test_a_student_relearns_to_stop_only_when_training_rows_show_the_teacher_end
   student = str(tmp_path / "student")
   shutil.copytree(os.path.join(ASSETS, "pair1", "student"), student)
   weights = load_file(os.path.join(student, "model.safetensors"))
-  weights["model.embed_tokens.weight"][1] = 0.0  # EOS (id 1): its logit is 0 at every position
+  weights["model.embed_tokens.weight"][1] *= -0.5  # EOS (id 1)
   save_file(weights, os.path.join(student, "model.safetensors"))
   short = ArithmeticTask(min_terms=2, max_terms=2, min_digits=1, max_digits=1)  # answers of 12-14 characters
   long_ = ArithmeticTask(min_terms=6, max_terms=6, min_digits=2, max_digits=2)  # 52-62: past the cap
@@ -103,20 +108,22 @@ def test_a_student_relearns_to_stop_only_when_training_rows_show_the_teacher_end
   (tmp_path / "heldout.jsonl").write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n"
                                                   for p in short.problems("heldout", 32, 0)))
   at_cap = {}
-  for mix in ("", "short=1,long=1"):
+  for mix, objective in (("", "jsd"), ("short=1,long=1", "reverse_kl"), ("short=1,long=1", "jsd")):
     c = common.pair_config("pair1", "runlocal")
     c.student = student
-    c.data.source, c.data.mix = "jsonl", mix
+    c.data.source, c.data.mix, c.objective.name = "jsonl", mix, objective
     c.data.train_file, c.data.heldout_file = str(tmp_path / "train.jsonl"), str(tmp_path / "heldout.jsonl")
     c.rollout.max_new_tokens = 24
     c.train.steps = c.train.eval_every = c.train.checkpoint_every = 30
     c.train.batch_size, c.train.eval_size, c.train.eval_batch_size = 16, 32, 32
     c.train.progress_bar, c.train.export_dtype, c.train.eval_sampled = False, "", False
+    c.optimizer.warmup_steps = 0
     c.model.attention, c.model.scan_layers = "reference", False
-    workdir = str(tmp_path / (mix or "unweighted"))
+    workdir = str(tmp_path / f"{mix or 'unweighted'}_{objective}")
     train(c, workdir)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      at_cap[mix] = [row["eval/at_cap"] for row in map(json.loads, f) if "eval/at_cap" in row]
-  assert at_cap[""][0] == at_cap["short=1,long=1"][0] == 1.0  # before training: no short answer ends
-  assert at_cap[""][-1] >= 0.9  # the old set: still none (measured: 1.0)
-  assert at_cap["short=1,long=1"][-1] <= 0.2  # the mix: they end (measured: 0.0)
+      at_cap[mix, objective] = [row["eval/at_cap"] for row in map(json.loads, f) if "eval/at_cap" in row]
+  assert all(first == 1.0 for first, _ in at_cap.values())  # before training: no short answer ends
+  assert at_cap["", "jsd"][-1] >= 0.95  # no teacher endings in the rows (measured: 1.0)
+  assert at_cap["short=1,long=1", "reverse_kl"][-1] >= 0.95  # endings, but no pull where EOS is ~0 (1.0)
+  assert at_cap["short=1,long=1", "jsd"][-1] <= 0.8  # both: it ends (0.59)
