@@ -2,6 +2,7 @@
 
   python launch/calibrate.py --results=DIR/results.jsonl --out=budget.json [--tolerance=0.02] [--relative]
       [--pair_test=results/pair_budgets.json] [--seed_means] [--admission_k3=results/admission_k3.jsonl]
+      [--horizon_test]
 
 Fits quality loss vs mismatch (k3 primary; k1, tv, mult_prob_error reported too), per pair and pooled, with
 bootstrap intervals, and says how far the per-pair budgets differ (does one budget transfer across pairs?).
@@ -30,6 +31,10 @@ _PAIR_TEST = flags.DEFINE_string("pair_test", None, "pair_budgets.json from laun
 _ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "launch/admission_k3.py's measurements of these points: "
                                     "the budget file carries the measured factor from the admission check's step-0 "
                                     "k3 to the budgets' run-mean k3 (k3_conversion), and admission divides by it.")
+_HORIZON_TEST = flags.DEFINE_bool("horizon_test", False, "Run the pre-registered horizon test "
+                                  "(opd_jax/experiments/horizon.py) over --results (with --seed_means) and write its "
+                                  "decision into budget.json: admission picks a budget per run length only when it "
+                                  "says run length moves the budget.")
 
 
 def run():
@@ -37,7 +42,7 @@ def run():
   holdout = [p for p in _HOLDOUT.value.split(",") if p]
   calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
                        holdout=holdout, pair_test=_PAIR_TEST.value, seed_means=_SEED_MEANS.value,
-                       admission_k3=_ADMISSION_K3.value)
+                       admission_k3=_ADMISSION_K3.value, horizon_test=_HORIZON_TEST.value)
 
 
 def main(argv):

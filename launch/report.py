@@ -1,9 +1,12 @@
 """Report: python launch/report.py --results=DIR/results.jsonl [--results=...] --budget=budget.json --out=report/
     [--sensitivity=runs/sensitivity_pair1/sensitivity_fp8_e4m3.json ...] [--prefix_shift=.../prefix_shift.json]
     [--validation=validation.json]
+  python launch/report.py --rejudge --validation=results/validation_pairs.json --budget=results/budget.json
 
 Writes PNG plots and out/report.html (self-contained). With --validate, first runs the admission-check
-validation (held-out sweep points) and writes out/validation.json.
+validation (held-out sweep points, judged with --budget as launch/admit.py judges them) and writes
+out/validation.json. With --rejudge, judges a stored validation's measurements again with --budget (no measuring)
+and writes the file back; without --results it writes no report.
 """
 
 import os
@@ -21,6 +24,8 @@ _SENSITIVITY = flags.DEFINE_multi_string("sensitivity", [], "sensitivity_*.json 
 _PREFIX = flags.DEFINE_string("prefix_shift", None, "prefix_shift.json from launch/prefix_shift.py.")
 _VALIDATION = flags.DEFINE_string("validation", None, "validation.json (existing, or written by --validate).")
 _VALIDATE = flags.DEFINE_bool("validate", False, "Run the admission validation first.")
+_REJUDGE = flags.DEFINE_bool("rejudge", False, "Judge --validation's stored measurements again with --budget (the "
+                             "file and rule launch/admit.py uses) and write it back.")
 _HOLDOUT = flags.DEFINE_float("holdout_fraction", 0.3, "Share of sweep points held out for validation.")
 _HELDOUT = flags.DEFINE_multi_string("heldout_results", [], "--validate: results.jsonl of configurations the budget "
                                      "has not seen (e.g. configs/sweeps/boundary.py, one file per seed); replaces "
@@ -47,11 +52,25 @@ def run():
   if (_HELDOUT.value or _EXCLUDE.value or _SEED_MEANS.value or _ADMISSION_K3.value) and not _VALIDATE.value:
     raise InputError("--heldout_results, --heldout_exclude, --seed_means and --admission_k3 are only read with "
                      "--validate")
+  if _REJUDGE.value:
+    from opd_jax.experiments.files import read_budget, read_json, write_json
+    from opd_jax.experiments.validation import rejudge
+    if _VALIDATE.value or not validation or not _BUDGET.value:
+      raise InputError("--rejudge needs --validation=FILE and --budget=budget.json, and no --validate")
+    result = rejudge(read_json(validation, "validation file"), read_budget(_BUDGET.value), _BUDGET.value)
+    write_json(validation, result)
+    print(f"{validation}: admission with {_BUDGET.value} agrees with the real run on {result['agreed']} of "
+          f"{result['n']} held-out configurations")
+    if not _RESULTS.value:
+      return
   if _VALIDATE.value:
     from configs import common
     from opd_jax.experiments.calibrate_report import load_rows
-    from opd_jax.experiments.files import read_admission_k3, write_json
-    from opd_jax.experiments.validation import validate
+    from opd_jax.experiments.files import read_admission_k3, read_budget, write_json
+    from opd_jax.experiments.validation import file_hash, validate
+    if _HELDOUT.value and not _BUDGET.value:
+      raise InputError("--validate with --heldout_results judges them with the budget file admission uses: give "
+                       "--budget=results/budget.json")
     heldout = [row for path in _HELDOUT.value for row in load_rows([path])]
     unknown = sorted(set(_EXCLUDE.value) - {f"{r['pair']}/{r['point']}" for r in heldout})
     if unknown:
@@ -60,7 +79,10 @@ def run():
     result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
                       num_prompts=_PROMPTS.value, heldout=heldout, seed_means=_SEED_MEANS.value,
+                      budget_file=read_budget(_BUDGET.value) if _BUDGET.value else None,
                       admission_k3=read_admission_k3(_ADMISSION_K3.value) if _ADMISSION_K3.value else None)
+    if _BUDGET.value:
+      result.update(budget_file=_BUDGET.value, budget_sha256=file_hash(_BUDGET.value))
     os.makedirs(_OUT.value, exist_ok=True)
     validation = validation or os.path.join(_OUT.value, "validation.json")
     write_json(validation, result)

@@ -41,6 +41,14 @@ def test_budget_never_passes_a_point_beyond_tolerance():
            "mismatch": {"mismatch/k3": mi}} for i, (mi, qi) in enumerate(zip(m, q))]
   result = budget_lib.calibrate(rows, tolerance=0.05, bootstrap=50)
   assert 0.75 < result["budget"] < 0.8 and result["bounded"]
+  # The file says what set it: the crossing between the two points it interpolates, and the empty range around it.
+  set_by = result["set_by"]
+  assert set_by["rule"].startswith("observed crossing") and [p["point"] for p in set_by["between"]] == ["p/x4", "p/x5"]
+  assert set_by["empty_range"]["ratio"] == pytest.approx(1.3 / 0.75)
+  assert not result["fit"]["sets_budget"] and result["fit"]["note"].startswith("not used")
+  # Without a point beyond the tolerance nothing is crossed: the budget is the largest mismatch tested.
+  flat = budget_lib.calibrate(rows[:5], tolerance=0.05, bootstrap=5)
+  assert flat["set_by"]["rule"].startswith("largest mismatch tested") and flat["set_by"]["point"]["point"] == "p/x4"
   assert budget_lib.isotonic(np.array([0.0, 0.2, 0.1, 0.3])).tolist() == pytest.approx([0.0, 0.15, 0.15, 0.3])
 
 
@@ -145,6 +153,9 @@ def test_validation_groups_seeds_and_refuses_calibration_points():
   with pytest.raises(ValueError, match="appears twice"):
     group_seeds(seeds[0] + seeds[0])
   with pytest.raises(ValueError, match="also calibration points"):
+    validate(_rows(0), lambda pair: None, holdout_fraction=0.3, tolerance=0.03, relative=False, num_prompts=8,
+             heldout=seeds[1], budget_file={"scale": "k3"})
+  with pytest.raises(ValueError, match="needs the budget file admission uses"):
     validate(_rows(0), lambda pair: None, holdout_fraction=0.3, tolerance=0.03, relative=False, num_prompts=8,
              heldout=seeds[1])
 
@@ -345,27 +356,31 @@ def test_report_draws_magnitudes_as_points_with_seed_spread_and_every_pair(tmp_p
 
 
 def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():
-  """compare_with_rules on a made-up validation where the rules disagree: per-pair budgets (pair1 0.1, pair2 1.0)
-  get all three right, reject-all two, the pooled budget (0.5) and admit-all one; no constant threshold gets all
-  three, because pair1's harmful point measures below pair2's harmless one."""
-  from opd_jax.experiments.validation import compare_with_rules
-  budgets = {"pooled": {"budget": 0.5, "tolerance_abs": 0.05}, "pair1": {"budget": 0.1, "tolerance_abs": 0.05},
-             "pair2": {"budget": 1.0, "tolerance_abs": 0.05}}
+  """compare_with_rules on a made-up validation where the rules disagree. The budget file's per-pair test chose
+  the pooled budget (0.5), so the shipped rule (rows judged by validation.judge, admit.py's function) gets one of
+  three right; per-pair budgets (pair1 0.1, pair2 1.0), the labelled counterfactual, all three; reject-all two,
+  admit-all one; no constant threshold gets all three, because pair1's harmful point measures below pair2's
+  harmless one."""
+  from opd_jax.experiments.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules, judge
+  entry = lambda b: {"budget": b, "tolerance_abs": 0.05, "interval": [b, b], "bootstrap_budgets": [b], "bounded": True}
+  budget_file = {"scale": "k3", "budgets": {"pooled": entry(0.5), "pair1": entry(0.1), "pair2": entry(1.0)},
+                 "per_pair_test": {"decision": "pooled", "file": "t.json"}}
 
   def row(pair, measured, losses):
-    admit = measured <= budgets[pair]["budget"]
-    real_ok = sum(losses) / len(losses) <= 0.05
-    return {"pair": pair, "measured": measured, "admit": admit, "real_ok": real_ok, "agree": admit == real_ok,
-            "seeds": [{"seed": i, "quality_loss": q} for i, q in enumerate(losses)]}
+    r = {"pair": pair, "measured": measured, "quality_loss": sum(losses) / len(losses),
+         "seeds": [{"seed": i, "quality_loss": q} for i, q in enumerate(losses)]}
+    return {**r, **judge(r, budget_file)}
 
   rows = [row("pair1", 0.3, [0.08, 0.09]), row("pair2", 0.6, [0.01, 0.07]), row("pair2", 2.0, [0.2, 0.3])]
-  compared = compare_with_rules({"rows": rows, "budget": {"budgets": budgets}})
+  assert [r["budget_source"] for r in rows] == ["pooled"] * 3 and [r["admit"] for r in rows] == [True, False, False]
+  compared = compare_with_rules({"rows": rows, "budget": budget_file})
   agreed = {rule: e["agreed"] for rule, e in compared["rules"].items()}
-  assert agreed == {"admission check (per-pair budgets)": 3, "reject all": 2, "admit all": 1,
-                    "pooled budget for every pair": 1, "best constant k3 threshold (hindsight)": 2}
+  assert agreed == {SHIPPED: 1, "reject all": 2, "admit all": 1, PER_PAIR: 3, ORACLE: 2}
+  assert "counterfactual" in PER_PAIR and "oracle" in ORACLE
   # Two separate threshold ranges score 2 (reject all, or admit up to pair2's 0.6); the ones between score 1.
-  assert compared["rules"]["best constant k3 threshold (hindsight)"]["thresholds"] == [[0.0, 0.3], [0.6, 2.0]]
-  assert (compared["seed_level"]["agreed"], compared["seed_level"]["n"]) == (5, 6)  # pair2 @0.6: one seed lost
+  assert compared["rules"][ORACLE]["thresholds"] == [[0.0, 0.3], [0.6, 2.0]]
+  seeds = compared["seed_level"]  # shares per configuration 0/2, 1/2, 2/2: a t-interval over the 3 of them
+  assert (seeds["agreed"], seeds["n"]) == (3, 6) and seeds["interval"] == [0.0, 1.0]
   assert compared["straddling"] == 1
 
 

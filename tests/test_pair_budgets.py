@@ -1,5 +1,6 @@
 """The pre-registered per-pair budget test (opd_jax/experiments/pair_budgets.py) on synthetic rows: the decision
-follows the rule, the interval is a seed bootstrap, and admission follows the decision in budget.json."""
+follows the rule, the interval is a t-interval of the seed mean, and admission follows the decision in
+budget.json."""
 
 import pytest
 
@@ -24,9 +25,13 @@ def _rows(per_seed: list[dict[str, float]]) -> list[dict]:
   return [r for seed, losses in enumerate(per_seed) for r in _seed_rows(seed, losses)]
 
 
-def test_the_interval_is_a_bootstrap_of_the_seed_mean():
+def test_the_interval_is_a_t_interval_of_the_seed_mean():
+  """mean +- t(0.975, 2) * sd / sqrt(3): on three seeds it reaches well past their min-max (a percentile bootstrap
+  would be [0.02, 0.09] here, and fail this test)."""
   lo, hi = seed_interval([0.02, 0.04, 0.09])
-  assert 0.02 <= lo < 0.05 < hi <= 0.09 + 1e-12  # inside the range of the seeds, around their mean
+  half = 4.3027 * 0.036055513 / 3 ** 0.5  # sd of (0.02, 0.04, 0.09) = sqrt(0.0013)
+  assert [lo, hi] == pytest.approx([0.05 - half, 0.05 + half], abs=1e-6)
+  assert lo < 0.02 and hi > 0.09
   assert seed_interval([0.03, 0.03, 0.03]) == pytest.approx([0.03, 0.03])
   assert [side(i, 0.05) for i in ([0.0, 0.04], [0.06, 0.1], [0.04, 0.06])] == ["inside", "beyond", "straddles"]
 
@@ -60,6 +65,16 @@ def test_admission_uses_the_pooled_budget_when_the_test_says_pooled():
   assert (source, chosen) == ("pooled", pooled) and "indistinguishable (t.json)" in note
 
 
+def test_admission_uses_the_main_length_when_the_horizon_test_does_not_show_it_moves():
+  budget = {"steps": 150, "horizons": [40, 150], "budgets": {"pooled": {"budget": 0.4}, "pooled@40": {"budget": 1.2}}}
+  assert pick_budget(budget, "pair1", 40)[0] == "pooled@40"  # no test recorded: the nearest length
+  budget["horizon_test"] = {"decision": "moves"}
+  assert pick_budget(budget, "pair1", 40)[0] == "pooled@40"
+  budget["horizon_test"] = {"decision": "not shown"}
+  source, _, note = pick_budget(budget, "pair1", 40)
+  assert source == "pooled" and "horizon test did not show" in note
+
+
 def _horizon_rows(losses_by_steps: dict[int, list[float]]) -> list[dict]:
   """pair1's baseline and noise_0.15 at each run length, one results file per (length, seed)."""
   rows = []
@@ -75,10 +90,14 @@ def _horizon_rows(losses_by_steps: dict[int, list[float]]) -> list[dict]:
 
 def test_the_horizon_test_needs_one_length_inside_and_another_beyond():
   from opd_jax.experiments import horizon
-  moves = horizon.decide(_horizon_rows({40: [0.0, 0.01, 0.02], 75: [0.03, 0.06, 0.07], 150: [0.06, 0.08, 0.1]}),
+  moves = horizon.decide(_horizon_rows({40: [0.0, 0.01, 0.02], 75: [0.03, 0.06, 0.07], 150: [0.09, 0.1, 0.11]}),
                          0.05)
   assert moves["decision"] == "moves" and [p["side"] for p in moves["lengths"]] == ["inside", "straddles", "beyond"]
-  assert moves["outcome"].startswith("40 steps: 1.0 points [0.0, 2.0] (inside)")
+  assert moves["outcome"].startswith("40 steps: 1.0 points [-1.5, 3.5] (inside)")  # t-interval, not [0.0, 2.0]
+  # Seeds all beyond the tolerance are not enough when their spread leaves the t-interval straddling it.
+  spread = horizon.decide(_horizon_rows({40: [0.0, 0.01, 0.02], 75: [0.03, 0.06, 0.07], 150: [0.051, 0.051, 0.117]}),
+                          0.05)
+  assert spread["decision"] == "not shown" and spread["lengths"][-1]["side"] == "straddles"
   # Straddling at one end is not enough: no length is wholly inside.
   flat = horizon.decide(_horizon_rows({40: [0.03, 0.06, 0.07], 75: [0.03, 0.06, 0.07], 150: [0.06, 0.08, 0.1]}),
                         0.05)

@@ -90,7 +90,7 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
                       "steps": h}
       others[key] = {s: {k: v for k, v in budget_lib.calibrate(subset, scale=s, tolerance=tolerance,
                                                                  relative=relative).items()
-                         if k in ("budget", "interval", "fit", "bounded")} for s in scales}
+                         if k in ("budget", "interval", "set_by", "bounded")} for s in scales}
   if not budgets:
     raise InputError("no pair has >= 3 finished sweep points with a baseline")
   main_rows = [r for r in usable if r.get("steps") == main]
@@ -143,8 +143,35 @@ def pair_test_entry(path: str) -> dict:
   return {"file": path, **{k: test[k] for k in keys}}
 
 
+def set_by_text(b: dict) -> str:
+  """One line: what set a budget and the empty k3 range it lies in (budget_lib.how_set)."""
+  s = b.get("set_by")
+  if not s:
+    return "set by: not recorded (a budget file made before set_by)"
+  if "between" in s:
+    what = "crossing between " + " and ".join(f"{p['point']} (k3 {p['mismatch']:.3g})" for p in s["between"])
+  elif "knee" in s:
+    what = f"hinge fit (knee {s['knee']:.3g}, slope {s['slope']:.3g})"
+  else:
+    what = f"largest mismatch tested ({s['point']['point']})"
+  gap = s["empty_range"]
+  if gap["ratio"] is not None:
+    what += (f"; no calibration point between k3 {gap['below']['mismatch']:.3g} and {gap['above']['mismatch']:.3g} "
+             f"({gap['ratio']:.1f}x)")
+  return what
+
+
+def horizon_test_entry(rows: list[dict], tolerance: float, seed_means: bool) -> dict:
+  """budget.json's `horizon_test` (experiments/horizon.py) over the calibration rows; needs their seeds."""
+  from opd_jax.experiments import horizon
+  if not seed_means:
+    raise InputError("--horizon_test needs --seed_means (the test reads each seed's run at every length)")
+  return horizon.budget_entry(horizon.decide(rows, tolerance))
+
+
 def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str],
-        pair_test: str | None = None, seed_means: bool = False, admission_k3: str | None = None) -> dict:
+        pair_test: str | None = None, seed_means: bool = False, admission_k3: str | None = None,
+        horizon_test: bool = False) -> dict:
   if not 0 < tolerance < 1:
     raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
                      "of the baseline accuracy (e.g. 0.02)")
@@ -155,6 +182,7 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
   if unknown:
     raise InputError(f"--holdout names points that are in no results file: {', '.join(unknown)}")
   rows = [r for r in rows if r["point"] not in holdout]
+  horizon_summary = horizon_test_entry(rows, tolerance, seed_means) if horizon_test else None
   try:
     result = build_budget(rows, tolerance=tolerance, relative=relative, seed_means=seed_means,
                           admission_k3=measurements)
@@ -169,6 +197,8 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     result["k3_conversion"]["file"] = admission_k3
   if pair_test_summary:
     result["per_pair_test"] = pair_test_summary
+  if horizon_summary:
+    result["horizon_test"] = horizon_summary
   budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]
   write_json(out, result)
   print(f"budget on {PRIMARY} (tolerance {tolerance:g}{' of baseline' if relative else ' accuracy points'}):")
@@ -176,10 +206,10 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     lo, hi = b["interval"]
     name = f"{key} ({b['steps']} steps)" if b.get("steps") is not None else key
     note = "" if b["bounded"] else "  (no quality loss observed: budget = largest mismatch tested)"
-    print(f"  {name:<18} {b['budget']:.3g}  90% interval [{lo:.3g}, {hi:.3g}]  fit r2 {b['fit']['r2']:.2f}  "
-          f"n={b['fit']['n']}{note}")
+    print(f"  {name:<18} {b['budget']:.3g}  90% interval [{lo:.3g}, {hi:.3g}]  n={len(b['points'])}{note}")
+    print(f"           {set_by_text(b)}")
     for scale, s in other_scales[key].items():
-      print(f"           {scale:<16} budget {s['budget']:.3g}  r2 {s['fit']['r2']:.2f}")
+      print(f"           {scale:<16} budget {s['budget']:.3g}")
   if transfer["max_over_min"] is not None:
     print(f"per-pair budgets differ by {transfer['max_over_min']:.2f}x (max / min)")
     for a, row in transfer["matrix"].items():
@@ -191,5 +221,8 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     print(f"admission k3 / run-mean k3 at {steps} steps: {cells}")
   if pair_test:
     print(f"per-pair test ({pair_test}): admission uses {result['per_pair_test']['decision']} budgets")
+  if horizon_summary:
+    print(f"horizon test: {horizon_summary['decision']} ({horizon_summary['outcome']}); admission uses "
+          f"{horizon_summary['used']}")
   print(f"wrote {out}")
   return result

@@ -2,9 +2,10 @@
 points at 40 and 75 steps, configs/sweeps/sources.py the same sigmas at 150, each with seeds 0, 1, 2.)
 
 The rule was committed before the 40-step runs finished (RULE). It reads pair1's quality loss at sigma 0.15 at
-each run length: the seed mean and its 95% seed-bootstrap interval (pair_budgets.summarize), and the interval's side
-of the tolerance. budget.json keeps a budget per calibrated length either way (admission picks the nearest); the
-decision says whether the lengths' budgets can be told apart here.
+each run length: the seed mean and its 95% t-interval over seeds (pair_budgets.summarize), and the interval's side
+of the tolerance. budget.json keeps a budget per calibrated length either way and records the decision
+(`horizon_test`, launch/calibrate.py --horizon_test): admission picks the length nearest a run's own only when the
+decision is "moves"; otherwise it judges every run against the main length's budgets.
 """
 
 from __future__ import annotations
@@ -37,3 +38,12 @@ def decide(rows: list[dict], tolerance: float) -> dict:
                       f"{100 * p['interval'][1]:.1f}] ({p['side']})" for p in at)
   return {"rule": RULE, "tolerance": tolerance, "pair": PAIR, "point": POINT,
           "decision": "moves" if moves else "not shown", "outcome": outcome, "lengths": at}
+
+
+def budget_entry(test: dict) -> dict:
+  """budget.json's `horizon_test`: the decision in short (admission.pick_budget reads `decision`)."""
+  return {"decision": test["decision"], "rule": test["rule"], "outcome": test["outcome"], "pair": test["pair"],
+          "point": test["point"], "tolerance": test["tolerance"], "interval": "95% t-interval over seeds",
+          "used": ("per-length budgets: admission picks the calibrated length nearest the run's" if
+                   test["decision"] == "moves" else "the main length's budgets for every run length; the "
+                   "per-length budgets are kept for the record, not used")}

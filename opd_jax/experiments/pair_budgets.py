@@ -2,7 +2,8 @@
 
 Every point of that sweep runs on every pair with seeds 0, 1, 2, each against the same seed's fresh baseline. Per
 (pair, point): each seed's quality loss (baseline final accuracy minus the point's), their mean, and a 95%
-percentile-bootstrap interval of the mean over seeds. The rule compares the k3_high point across pairs: per-pair
+t-interval of the mean over seeds (opd_jax.experiments.intervals: with three seeds a percentile bootstrap would
+be the seeds' min-max). The rule compares the k3_high point across pairs: per-pair
 budgets are kept only if pair2's interval lies wholly inside the tolerance while pair1's and pair3's lie wholly
 beyond it; otherwise admission uses the pooled budget for every pair. `decide` returns the rule, every number it
 read and the decision; launch/calibrate.py --pair_test= copies the decision into budget.json, where admission
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from opd_jax.errors import InputError
+from opd_jax.experiments.intervals import T_INTERVAL, t_interval
 from opd_jax.experiments.sweep import BASELINE
 
 RULE = ("per-pair budgets are kept only if, at k3_high, pair2's seed-mean quality loss has its whole 95% interval "
@@ -22,15 +24,11 @@ RULE = ("per-pair budgets are kept only if, at k3_high, pair2's seed-mean qualit
 DECISION_POINT = "k3_high"
 INSIDE, BEYOND = ("pair2",), ("pair1", "pair3")  # what the calibrated per-pair budgets predict at k3_high
 MIN_SEEDS = 3
-RESAMPLES = 10_000
 
 
-def seed_interval(losses: list[float], resamples: int = RESAMPLES, seed: int = 0) -> list[float]:
-  """95% percentile-bootstrap interval of the mean of `losses` (resampling seeds with replacement)."""
-  values = np.asarray(losses, dtype=np.float64)
-  draws = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
-  means = values[draws].mean(axis=1)
-  return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+def seed_interval(losses: list[float]) -> list[float]:
+  """95% t-interval of the mean of `losses` over seeds; a single seed has no interval (its value, twice)."""
+  return t_interval(losses) if len(losses) > 1 else [float(losses[0])] * 2
 
 
 def side(interval: list[float], tolerance: float) -> str:
@@ -61,7 +59,7 @@ def summarize(rows: list[dict], tolerance: float) -> list[dict]:
                            "baseline_accuracy": r["final_accuracy"] - r["delta_final_accuracy"],
                            "quality_loss": loss, "run_k3": r["mismatch"].get("mismatch/k3"),
                            "noise_seed": r["rollout"].get("noise_seed")} for r, loss in zip(runs, losses)],
-                "quality_loss": float(np.mean(losses)), "interval": interval,
+                "quality_loss": float(np.mean(losses)), "interval": interval, "interval_kind": T_INTERVAL,
                 "side": side(interval, tolerance),
                 "run_k3": float(np.mean([r["mismatch"]["mismatch/k3"] for r in runs]))})
   return out
@@ -81,4 +79,4 @@ def decide(rows: list[dict], tolerance: float) -> dict:
                       for p in INSIDE + BEYOND)
   return {"rule": RULE, "tolerance": tolerance, "decision_point": DECISION_POINT,
           "decision": "per_pair" if kept else "pooled",
-          "outcome": f"at {DECISION_POINT} (seed means, 95% seed-bootstrap intervals): {outcome}", "points": points}
+          "outcome": f"at {DECISION_POINT} (seed means, 95% t-intervals over seeds): {outcome}", "points": points}

@@ -362,11 +362,12 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
   else:
     missing.append("sweep results")
   if budget_data:
-    budget_rows = [{"name": k, **v, "lo": v["interval"][0], "hi": v["interval"][1], "r2": v["fit"]["r2"]}
+    from opd_jax.experiments.calibrate_report import set_by_text
+    budget_rows = [{"name": k, **v, "lo": v["interval"][0], "hi": v["interval"][1], "how": set_by_text(v)}
                    for k, v in budget_data["budgets"].items()]
     sections.append(("Budget", _table(budget_rows, [("name", "pair", "{}"), ("budget", "budget k3", "{:.3g}"),
                                                     ("lo", "90% low", "{:.3g}"), ("hi", "90% high", "{:.3g}"),
-                                                    ("r2", "fit r2", "{:.2f}"), ("bounded", "loss observed", "{}")])))
+                                                    ("how", "set by", "{}"), ("bounded", "loss observed", "{}")])))
   else:
     missing.append("budget")
   for path in sensitivity:
@@ -396,7 +397,7 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
   if valid:
     interval = valid.get("agreement_interval")
     sections.append((f"Admission validation: {valid['agreement']:.0%} agreement on {len(valid['rows'])} held-out "
-                     "configurations" + (f" (95% interval {interval[0]:.0%}-{interval[1]:.0%})" if interval else ""),
+                     "configurations" + (f" (95% Wilson interval over configurations {interval[0]:.0%}-{interval[1]:.0%})" if interval else ""),
                      _table([{**r, "n_seeds": len(r.get("seeds", [0]))} for r in valid["rows"]],
                             [("pair", "pair", "{}"), ("point", "point", "{}"), ("n_seeds", "seeds", "{}"),
                              ("measured", "admission k3", "{:.3g}"), ("admit", "admission", "{}"),

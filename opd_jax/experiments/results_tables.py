@@ -45,14 +45,34 @@ def sweep_table(rows: list[dict]) -> str:
   return _md(["pair", "point", "k3", "k1", "tv", "mean lag", "final acc", "delta vs baseline"], body)
 
 
+def _set_by_cell(b: dict) -> tuple[str, str]:
+  """(what set the budget, the k3 range around it with no calibration point) from budget.json's `set_by`."""
+  s = b.get("set_by")
+  if s is None:
+    return "not recorded", ""
+  if "between" in s:
+    what = "crossing between " + " and ".join(f"{p['point'].split('/')[-1]} ({_g(p['mismatch'])})"
+                                               for p in s["between"])
+  elif "knee" in s:
+    what = f"hinge fit (knee {_g(s['knee'])}, slope {_g(s['slope'])})"
+  else:
+    what = f"largest tested ({s['point']['point'].split('/')[-1]})"
+  gap = s["empty_range"]
+  empty = (f"{_g(gap['below']['mismatch'])}-{_g(gap['above']['mismatch'])} ({gap['ratio']:.1f}x)"
+           if gap["ratio"] is not None else "n/a")
+  return what, empty
+
+
 def budget_table(budget: dict) -> str:
-  """Every budget in a budget.json: per pair and pooled, per horizon."""
+  """Every budget in a budget.json: per pair and pooled, per horizon, with what set it (set_by) and the k3 range
+  around it that no calibration point measured."""
   body = []
   for key, b in budget["budgets"].items():
     lo, hi = b["interval"]
     body.append([key, str(b.get("steps", "")), _g(b["budget"]), f"[{_g(lo)}, {_g(hi)}]",
-                 "yes" if b["bounded"] else "no (largest tested)", str(b["fit"]["n"])])
-  return _md(["budget", "run length (steps)", "k3 budget", "90% interval", "bounded", "runs"], body)
+                 "yes" if b["bounded"] else "no (largest tested)", str(len(b["points"])), *_set_by_cell(b)])
+  return _md(["budget", "run length (steps)", "k3 budget", "90% interval", "bounded", "runs", "set by (k3)",
+              "no calibration point in k3"], body)
 
 
 def transfer_table(budget: dict) -> str:
@@ -80,30 +100,34 @@ def k3_conversion_table(budget: dict) -> str:
 
 
 def validation_table(validation: dict) -> str:
+  """Each held-out configuration judged as launch/admit.py judges it (the validation's budget file; the budget it
+  picked), against the real runs."""
   converted = any(r.get("k3_factor", 1.0) != 1.0 for r in validation["rows"])
   body = []
   for r in validation["rows"]:
     seeds = r.get("seeds", [])
     body.append([r["pair"], r["point"], _g(r["measured"]), *([f"{r['k3_factor']:.3g}"] if converted else []),
+                 f"{r.get('budget_source', '')} {_g(r['budget'])}".strip(),
                  f"{r.get('measured_over_budget', math.nan):.2f}x",
                  "ADMIT" if r["admit"] else "REJECT", f"{100 * r['quality_loss']:+.1f}",
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in seeds),
                  "ok" if r["real_ok"] else "lost", "yes" if r["agree"] else "**no**"])
-  return _md(["pair", "held-out point", "admission k3", *(["÷ factor"] if converted else []), "vs budget", "verdict",
+  return _md(["pair", "held-out point", "admission k3", *(["÷ factor"] if converted else []), "budget", "vs budget",
+              "verdict",
               "quality loss (seed mean)", "per seed", "real run", "agree"], body)
 
 
 def validation_rules_table(validation: dict) -> str:
-  """The admission check's agreement next to rules that measure less (experiments.validation.compare_with_rules),
-  and seed by seed."""
+  """The shipped admission rule's agreement next to reject-all, admit-all, the per-pair counterfactual and the
+  hindsight oracle (experiments.validation.compare_with_rules), and seed by seed, each with its interval's kind."""
   compared = compare_with_rules(validation)
   body = []
-  for rule, e in list(compared["rules"].items()) + [("admission check, seed by seed", compared["seed_level"])]:
+  for rule, e in list(compared["rules"].items()) + [("shipped rule, seed by seed", compared["seed_level"])]:
     note = ("any threshold in " + " or ".join(f"[{_g(lo)}, {_g(hi)})" for lo, hi in e["thresholds"])
             if "thresholds" in e else "")
     body.append([rule, f"{e['agreed']} / {e['n']}", f"{100 * e['interval'][0]:.0f}-{100 * e['interval'][1]:.0f}%",
-                 note])
-  return _md(["rule", "agrees with the real runs", "95% Wilson interval", "note"], body)
+                 e["interval_kind"].replace("95% ", ""), note])
+  return _md(["rule", "agrees with the real runs", "95% interval", "interval", "note"], body)
 
 
 def k3_quantities_table(validation: dict) -> str:

@@ -100,7 +100,7 @@ def pair_test_table(test: dict) -> str:
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
   body.append(["all", "decision", "", "", "", "", test["decision"]])
-  return _md(["pair", "point", "knob", "run-mean k3 (seed mean)", "quality loss per seed", "seed mean [95% interval]",
+  return _md(["pair", "point", "knob", "run-mean k3 (seed mean)", "quality loss per seed", "seed mean [95% t-interval]",
               f"vs tolerance {100 * test['tolerance']:g}"], body)
 
 
@@ -112,7 +112,7 @@ def seeds_table(points: list[dict], tolerance: float) -> str:
     body.append([p["pair"], p["point"], ", ".join(f"{s['run_k3']:.3g}" for s in p["seeds"]),
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
-  return _md(["pair", "point", "run-mean k3 per seed", "quality loss per seed", "seed mean [95% interval]",
+  return _md(["pair", "point", "run-mean k3 per seed", "quality loss per seed", "seed mean [95% t-interval]",
               f"vs tolerance {100 * tolerance:g}"], body)
 
 
@@ -137,15 +137,15 @@ def budgets_side_by_side(single: dict, means: dict) -> str:
   for key, b in means["budgets"].items():
     one = single["budgets"].get(key)
     seeds = sorted({p.get("seeds", 1) for p in b["points"]})
-    body.append([key, _budget_cell(one), _budget_cell(b), str(b["fit"]["n"]), "/".join(map(str, seeds)),
+    body.append([key, _budget_cell(one), _budget_cell(b), str(len(b["points"])), "/".join(map(str, seeds)),
                  "yes" if b["bounded"] else "no"])
   return _md(["budget", "one seed per point [90% interval]", "seed mean [90% interval, seeds resampled]", "points",
               "seeds per point", "bounded"], body)
 
 
 def horizon_table(test: dict, budget: dict) -> str:
-  """horizon.decide's lengths: each seed's loss at the test point, the seed mean with its interval and side, and
-  pair1's seed-mean budget calibrated at that length (budget.json)."""
+  """horizon.decide's lengths: each seed's loss at the test point, the seed mean with its t-interval and side, and
+  pair1's seed-mean budget calibrated at that length (budget.json; used only when the decision is "moves")."""
   from opd_jax.experiments.calibrate_report import horizon_key
   body = []
   for p in test["lengths"]:
@@ -155,7 +155,7 @@ def horizon_table(test: dict, budget: dict) -> str:
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"], _budget_cell(b)])
   body.append(["all", "", "", "", test["decision"], ""])
   return _md(["run length (steps)", f"{test['point']} run-mean k3 (seed mean)", "quality loss per seed",
-              "seed mean [95% interval]", f"vs tolerance {100 * test['tolerance']:g}",
+              "seed mean [95% t-interval]", f"vs tolerance {100 * test['tolerance']:g}",
               f"{test['pair']} budget (seed means) [90% interval]"], body)
 
 

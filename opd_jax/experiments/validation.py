@@ -1,12 +1,15 @@
-"""Admission-check validation: calibrate on part of the sweep, admit the held-out points, compare with reality.
+"""Admission-check validation: admit held-out configurations with the shipped rule, compare with reality.
 
-Held-out points are either every point (baselines excluded) whose stable hash falls in `holdout_fraction`, or,
-with `heldout` rows, configurations trained in separate sweeps, typically near the budget and once per seed
-(configs/sweeps/boundary.py). For each, the admission check measures its rollout configuration on a
-calibration batch (no training) and admits or rejects it against the budget fitted without it; the real
-verdict is whether its quality loss stayed within the tolerance - with seeds, the mean over seeds of its
+Held-out points are either, with `heldout` rows, configurations trained in separate sweeps, typically near the
+budget and once per seed (configs/sweeps/boundary.py), judged with the budget file users run admission with
+(`budget_file`, e.g. results/budget.json, its pre-registered decisions included); or every point (baselines
+excluded) whose stable hash falls in `holdout_fraction`, judged with a budget fitted without them that carries
+`budget_file`'s decisions. For each, the admission check measures its rollout configuration on a calibration batch
+(no training) and `judge` gives the verdict with admission.admit_value, the function launch/admit.py applies; the
+real verdict is whether its quality loss stayed within the tolerance - with seeds, the mean over seeds of its
 accuracy drop against the same seed's baseline. Agreement is the share of held-out configurations where the two
-verdicts match, with a 95% Wilson interval (few configurations: the interval is the honest number).
+verdicts match, with a 95% Wilson interval over configurations (few of them: the interval is the honest number).
+`rejudge` re-judges a stored validation's measurements with another budget file, without measuring again.
 """
 
 from __future__ import annotations
@@ -18,26 +21,18 @@ import time
 import numpy as np
 
 from opd_jax.experiments.calibrate_report import build_budget
+from opd_jax.experiments.intervals import cluster_interval, wilson_interval
 from opd_jax.experiments.sweep import BASELINE, set_field
 from opd_jax.errors import InputError
+from opd_jax.mismatch import budget as budget_lib
 from opd_jax.screening import admission
-from opd_jax.screening.calibration import Calibration
-from opd_jax.rollout.config import RolloutConfig
+
+DECISIONS = ("per_pair_test", "horizon_test")  # the pre-registered decisions a budget file carries
 
 
 def is_held_out(pair: str, point: str, fraction: float) -> bool:
   digest = hashlib.blake2b(f"{pair}/{point}".encode(), digest_size=8).digest()
   return point != BASELINE and int.from_bytes(digest, "little") / 2.0 ** 64 < fraction
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float]:
-  """95% Wilson score interval of a binomial proportion (sound at 0 / n and n / n, unlike the normal one)."""
-  if n == 0:
-    return [0.0, 1.0]
-  p = successes / n
-  center = (p + z * z / (2 * n)) / (1 + z * z / n)
-  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-  return [0.0 if successes == 0 else max(0.0, center - half), 1.0 if successes == n else min(1.0, center + half)]
 
 
 def group_seeds(rows: list[dict]) -> list[dict]:
@@ -67,13 +62,50 @@ def group_seeds(rows: list[dict]) -> list[dict]:
   return out
 
 
+def judge(row: dict, budget_file: dict) -> dict:
+  """A held-out configuration (`pair`, `measured`: the admission check's value on the budget file's scale,
+  `quality_loss`: the seed-mean loss, optional `steps`) judged as launch/admit.py judges it: admission.admit_value
+  with `budget_file`; the real verdict is the loss against the chosen budget's tolerance."""
+  result = admission.admit_value(row["measured"], budget_file, row["pair"], row.get("steps"))
+  real_ok = row["quality_loss"] <= budget_file["budgets"][result["budget_source"]]["tolerance_abs"]
+  return {"measured": result["measured"], "compared": result["compared"], "k3_factor": result["k3_factor"],
+          "admit": result["admit"], "real_ok": bool(real_ok), "agree": result["admit"] == real_ok,
+          "budget": result["budget"], "budget_source": result["budget_source"],
+          "measured_over_budget": result["compared"] / result["budget"] if result["budget"] else math.inf}
+
+
+def summary(rows: list[dict]) -> dict:
+  agreed = sum(r["agree"] for r in rows)
+  return {"agreement": agreed / len(rows), "agreement_interval": wilson_interval(agreed, len(rows)),
+          "agreed": agreed, "n": len(rows)}
+
+
+def file_hash(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def rejudge(validation: dict, budget_file: dict, budget_path: str) -> dict:
+  """`validation` (a stored validate() result) with every row judged again by `judge` with `budget_file` (read
+  from `budget_path`), from the stored measurements: no measuring, no training."""
+  rows = [{**r, **judge(r, budget_file)} for r in validation["rows"]]
+  return {**validation, **summary(rows), "rows": rows, "budget": budget_file, "budget_file": budget_path,
+          "budget_sha256": file_hash(budget_path)}
+
+
 def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tolerance: float, relative: bool,
-             num_prompts: int, seed: int = 0, heldout: list[dict] | None = None, seed_means: bool = False,
-             admission_k3: list[dict] | None = None, log=print) -> dict:
-  """`admission_k3`: launch/admission_k3.py rows of the calibration points; the budget then carries the measured
-  step-0 / run-mean k3 factor and admission divides by it (opd_jax.screening.k3_conversion)."""
+             num_prompts: int, budget_file: dict | None = None, seed: int = 0, heldout: list[dict] | None = None,
+             seed_means: bool = False, admission_k3: list[dict] | None = None, log=print) -> dict:
+  """`budget_file`: the budget file admission reads (required with `heldout`: the held-out points are judged
+  with it; with the hash hold-out its pre-registered decisions go into the budget fitted without the held-out
+  points). `admission_k3`: launch/admission_k3.py rows of the calibration points, for the hash hold-out's budget
+  (its measured step-0 / run-mean k3 factor, opd_jax.screening.k3_conversion)."""
+  from opd_jax.rollout.config import RolloutConfig
+  from opd_jax.screening.calibration import Calibration
   rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if heldout:
+    if budget_file is None:
+      raise InputError("validating given held-out results needs the budget file admission uses (--budget)")
     held = group_seeds(heldout)
     if not held:
       raise InputError("the held-out results have no finished point with a baseline")
@@ -82,16 +114,16 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
     if clash:
       raise InputError(f"held-out configuration(s) {', '.join(clash)} are also calibration points; validation "
                        "needs configurations the budget has not seen")
-    calibration_rows = rows
   else:
     held = [{**r, "quality_loss": -r["delta_final_accuracy"], "run_k3": r["mismatch"].get("mismatch/k3")}
             for r in rows if is_held_out(r["pair"], r["point"], holdout_fraction)]
     if not held:
       raise InputError(f"no sweep point falls in holdout_fraction={holdout_fraction}; raise it")
     keys = {(r["pair"], r["point"]) for r in held}
-    calibration_rows = [r for r in rows if (r["pair"], r["point"]) not in keys]
-  budget_file = build_budget(calibration_rows, tolerance=tolerance, relative=relative, seed_means=seed_means,
-                             admission_k3=admission_k3)
+    decisions = {k: budget_file[k] for k in DECISIONS if budget_file and k in budget_file}
+    budget_file = {**build_budget([r for r in rows if (r["pair"], r["point"]) not in keys], tolerance=tolerance,
+                                  relative=relative, seed_means=seed_means, admission_k3=admission_k3),
+                   **decisions}
   calibrations, out = {}, []
   for row in held:
     config = load_pair_config(row["pair"])
@@ -102,26 +134,20 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
     start = time.time()
     measured = admission.measure_candidate(calibrations[row["pair"]], config,
                                            RolloutConfig.from_config(config.rollout), seed)
-    result = admission.admit(measured, budget_file, row["pair"], row.get("steps"))
-    source = budget_file["budgets"][result["budget_source"]]
-    real_ok = row["quality_loss"] <= source["tolerance_abs"]
-    out.append({"pair": row["pair"], "point": row["point"], "measured": result["measured"],
-                "compared": result["compared"], "k3_factor": result["k3_factor"], "admit": result["admit"], "quality_loss": row["quality_loss"], "real_ok": bool(real_ok),
-                "agree": result["admit"] == real_ok, "budget": result["budget"],
-                "measured_over_budget": result["compared"] / result["budget"] if result["budget"] else math.inf,
-                "run_k3": row["run_k3"], "seeds": row.get("seeds", [{"seed": row.get("seed", 0),
-                                                                      "quality_loss": row["quality_loss"],
-                                                                      "final_accuracy": row["final_accuracy"],
-                                                                      "run_k3": row["run_k3"]}]),
+    value = budget_lib.SCALES[budget_file["scale"]]({f"mismatch/{k}": v for k, v in measured.items()})
+    verdict = judge({"pair": row["pair"], "measured": value, "quality_loss": row["quality_loss"],
+                     "steps": row.get("steps")}, budget_file)
+    out.append({"pair": row["pair"], "point": row["point"], "steps": row.get("steps"), **verdict,
+                "quality_loss": row["quality_loss"], "run_k3": row["run_k3"],
+                "seeds": row.get("seeds", [{"seed": row.get("seed", 0), "quality_loss": row["quality_loss"],
+                                            "final_accuracy": row["final_accuracy"], "run_k3": row["run_k3"]}]),
                 "wall_seconds": time.time() - start, "run_wall_seconds": row["wall_seconds"]})
-    log(f"  {row['pair']}/{row['point']}: admission {'ADMIT' if result['admit'] else 'REJECT'} "
-        f"(k3 {result['measured']:.3g} / {result['k3_factor']:.3g}, {out[-1]['measured_over_budget']:.2f}x the "
-        f"budget), real quality loss "
+    log(f"  {row['pair']}/{row['point']}: admission {'ADMIT' if verdict['admit'] else 'REJECT'} "
+        f"(k3 {verdict['measured']:.3g} / {verdict['k3_factor']:.3g}, {verdict['measured_over_budget']:.2f}x the "
+        f"{verdict['budget_source']} budget), real quality loss "
         f"{row['quality_loss']:+.3f} over {len(out[-1]['seeds'])} seed(s) -> "
-        f"{'agree' if out[-1]['agree'] else 'DISAGREE'}")
-  agreed = sum(r["agree"] for r in out)
-  return {"agreement": agreed / len(out), "agreement_interval": wilson_interval(agreed, len(out)),
-          "agreed": agreed, "n": len(out), "holdout": "given" if heldout else f"hash {holdout_fraction:g}",
+        f"{'agree' if verdict['agree'] else 'DISAGREE'}")
+  return {**summary(out), "holdout": "given" if heldout else f"hash {holdout_fraction:g}",
           "holdout_fraction": holdout_fraction, "tolerance": tolerance, "relative": relative,
           "admission_seconds_per_candidate": float(np.mean([r["wall_seconds"] for r in out])),
           "run_seconds_per_seed": float(np.mean([r["run_wall_seconds"] for r in out])),
@@ -134,24 +160,33 @@ def compared(row: dict) -> float:
   return row.get("compared", row["measured"])
 
 
+SHIPPED = "admission check (the shipped rule: budget.json as launch/admit.py reads it)"
+PER_PAIR = "per-pair budgets (counterfactual: the pre-registered test chose pooled)"
+ORACLE = "best constant k3 threshold (oracle: chosen in hindsight)"
+
+
 def compare_with_rules(validation: dict) -> dict:
-  """The admission check's agreement next to what rules that measure less would score on the same held-out
-  configurations: reject all, admit all, the pooled budget for every pair, and the best single k3 threshold in
-  hindsight (with the ranges of thresholds that score it); and agreement seed by seed (each seed's own quality
-  loss against the tolerance, judged by the same admission verdict) next to the seed-mean one. A validation
-  that a trivial rule matches does not tell budgets apart."""
-  rows, budgets = validation["rows"], validation["budget"]["budgets"]
+  """The shipped admission rule's agreement (the rows' verdicts, `judge` with the validation's budget file) next to
+  rules a skeptic would name on the same held-out configurations: reject all, admit all, per-pair budgets where
+  the pre-registered test chose the pooled one (a labelled counterfactual: the same admit path on the budget file
+  without that decision), and the best single k3 threshold in hindsight (an oracle, with the ranges of thresholds
+  that score it); each with a 95% Wilson interval over configurations. Seed by seed (each seed's own quality loss
+  against the tolerance, judged by the same admission verdict) the interval is over configurations too (seeds of
+  one configuration are a cluster): a t-interval on the configurations' seed shares. A validation that a trivial
+  rule matches does not tell budgets apart."""
+  rows, budget_file = validation["rows"], validation["budget"]
   n = len(rows)
-  pooled = budgets["pooled"]["budget"]
 
   def entry(agreed: int, total: int) -> dict:
     return {"agreed": agreed, "n": total, "agreement": agreed / total if total else 0.0,
-            "interval": wilson_interval(agreed, total)}
+            "interval": wilson_interval(agreed, total), "interval_kind": "95% Wilson over configurations"}
 
-  rules = {"admission check (per-pair budgets)": entry(sum(r["agree"] for r in rows), n),
+  rules = {SHIPPED: entry(sum(r["agree"] for r in rows), n),
            "reject all": entry(sum(not r["real_ok"] for r in rows), n),
-           "admit all": entry(sum(r["real_ok"] for r in rows), n),
-           "pooled budget for every pair": entry(sum((compared(r) <= pooled) == r["real_ok"] for r in rows), n)}
+           "admit all": entry(sum(r["real_ok"] for r in rows), n)}
+  if (budget_file.get("per_pair_test") or {}).get("decision") == "pooled":
+    per_pair_file = {k: v for k, v in budget_file.items() if k != "per_pair_test"}
+    rules[PER_PAIR] = entry(sum(judge(r, per_pair_file)["agree"] for r in rows), n)
   # The best constant threshold: admit iff compared <= t (the value admission compares with a budget; the
   # measured one where no conversion applies); only the order of the values matters.
   values = sorted({compared(r) for r in rows})
@@ -166,15 +201,18 @@ def compare_with_rules(validation: dict) -> dict:
         ranges[-1][1] = high
       else:
         ranges.append([low, high])
-  rules["best constant k3 threshold (hindsight)"] = {**entry(best, n), "thresholds": ranges}
-  seed_agreed = seed_total = straddling = 0
+  rules[ORACLE] = {**entry(best, n), "thresholds": ranges}
+  per_config, straddling = [], 0
   for r in rows:
-    tolerance = budgets.get(r["pair"], budgets["pooled"])["tolerance_abs"]
+    tolerance = budget_file["budgets"][r.get("budget_source", "pooled")]["tolerance_abs"]
     losses = [seed["quality_loss"] for seed in r["seeds"]]
-    seed_total += len(losses)
-    seed_agreed += sum(r["admit"] == (loss <= tolerance) for loss in losses)
+    per_config.append((sum(r["admit"] == (loss <= tolerance) for loss in losses), len(losses)))
     straddling += min(losses) <= tolerance < max(losses)
-  return {"rules": rules, "seed_level": entry(seed_agreed, seed_total), "straddling": straddling}
+  agreed, total = sum(a for a, _ in per_config), sum(t for _, t in per_config)
+  seed_level = {"agreed": agreed, "n": total, "agreement": agreed / total,
+                "interval": cluster_interval(*zip(*per_config)),
+                "interval_kind": f"95% t-interval over the {n} configurations' seed shares (seeds are clusters)"}
+  return {"rules": rules, "seed_level": seed_level, "straddling": straddling}
 
 
 def admission_vs_run_k3(validation: dict) -> dict:

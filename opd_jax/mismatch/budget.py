@@ -13,6 +13,9 @@ predicts no loss beyond tolerance there (b = 0 included) the budget is that larg
 m (isotonic regression), the tolerance crossing lies between the last point within tolerance and the first one
 beyond it, interpolated in log m; the hinge, rigid above its knee, can otherwise overshoot a point that
 already lost more than the tolerance. A 90% interval comes from refitting on bootstrap resamples of the points.
+`set_by` records which rule set the point budget (for the crossing: the two points it interpolates between) and
+the empty k3 range it lies in (the nearest calibration points below and above it); the hinge's parameters are
+labelled not used when the crossing sets the budget.
 """
 
 from __future__ import annotations
@@ -77,6 +80,19 @@ def isotonic(q_sorted: np.ndarray) -> np.ndarray:
   return np.concatenate([np.full(int(w), v) for v, w in blocks])
 
 
+def crossing_bracket(m: np.ndarray, q: np.ndarray, tolerance: float) -> tuple[int | None, int] | None:
+  """Indices into `m` of the two points the observed crossing interpolates between: the last one whose monotone
+  (isotonic) loss is within the tolerance (None when the first point is already beyond it) and the first one
+  beyond it; None when no point is beyond it."""
+  order = np.argsort(m, kind="stable")
+  q_iso = isotonic(np.asarray(q, float)[order])
+  beyond = np.nonzero(q_iso > tolerance)[0]
+  if beyond.size == 0:
+    return None
+  i = int(beyond[0])
+  return (None if i == 0 else int(order[i - 1])), int(order[i])
+
+
 def observed_crossing(m: np.ndarray, q: np.ndarray, tolerance: float) -> float:
   """Where the monotone envelope of the points first exceeds the tolerance (inf if it never does)."""
   order = np.argsort(m, kind="stable")
@@ -92,6 +108,43 @@ def observed_crossing(m: np.ndarray, q: np.ndarray, tolerance: float) -> float:
     return float(m0)
   frac = (tolerance - q0) / (q1 - q0)
   return float(m0 * (m1 / m0) ** frac)
+
+
+def monotone_losses(m: np.ndarray, q: np.ndarray) -> np.ndarray:
+  """Each point's isotonic (monotone in m) quality loss, in the points' own order."""
+  order = np.argsort(m, kind="stable")
+  out = np.empty(len(m))
+  out[order] = isotonic(np.asarray(q, float)[order])
+  return out
+
+
+def how_set(rows: list[dict], m: np.ndarray, q: np.ndarray, tolerance: float, fit: HingeFit, budget: float) -> dict:
+  """What sets `budget` (budget.json's `set_by`): the observed crossing (the two points it interpolates between,
+  with their mismatch and seed-mean and monotone losses), the hinge fit (its knee and slope) or the largest
+  mismatch tested (unbounded); and `empty_range`, the nearest calibration points below and above the budget,
+  between which no point was measured (their ratio says how far the budget is from any measurement)."""
+  name = lambda i: f"{rows[i]['pair']}/{rows[i]['point']}"
+  iso = monotone_losses(m, q)
+  point = lambda i: {"point": name(i), "mismatch": float(m[i]), "quality_loss": float(q[i]),
+                     "monotone_loss": float(iso[i])}
+  crossing = observed_crossing(m, q, tolerance)
+  if budget >= float(m.max()) and crossing > budget:
+    entry = {"rule": "largest mismatch tested (no point lost more than the tolerance)",
+             "point": point(int(np.argmax(m)))}
+  elif crossing <= budget:
+    below, above = crossing_bracket(m, q, tolerance)
+    entry = {"rule": "observed crossing: log-m interpolation of the monotone (isotonic) quality loss between the "
+                     "last point within the tolerance and the first beyond it",
+             "between": [point(i) for i in (below, above) if i is not None]}
+  else:
+    entry = {"rule": "hinge fit: knee * 10^(tolerance / slope)", "knee": fit.knee, "slope": fit.slope}
+  under, over = np.nonzero(m <= budget)[0], np.nonzero(m > budget)[0]
+  low = int(under[np.argmax(m[under])]) if under.size else None
+  high = int(over[np.argmin(m[over])]) if over.size else None
+  entry["empty_range"] = {"below": None if low is None else point(low), "above": None if high is None else point(high),
+                          "ratio": (float(m[high] / m[low]) if low is not None and high is not None and m[low] > 0
+                                    else None)}
+  return entry
 
 
 def _budget(m: np.ndarray, q: np.ndarray, tolerance: float) -> tuple[HingeFit, float]:
@@ -124,6 +177,7 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
   seed_q = [quality_losses(r.get("seed_rows", [r]), tolerance, relative)[0] for r in rows]
   fit, budget = _budget(m, q, tol)
   bounded = budget < float(m.max())
+  set_by = how_set(rows, m, q, tol, fit, budget)
   rng = np.random.default_rng(seed)
   samples = []
   for _ in range(bootstrap):
@@ -138,8 +192,12 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
   return {"scale": scale, "tolerance": tolerance, "tolerance_relative": relative, "tolerance_abs": tol,
           "budget": budget, "interval": [float(np.percentile(samples, 5)), float(np.percentile(samples, 95))],
           "bootstrap_budgets": np.sort(samples).tolist(),
+          "set_by": set_by,
           "fit": {"model": "q = slope * max(0, log10(m / knee))", "knee": fit.knee, "slope": fit.slope,
-                  "r2": fit.r2, "n": fit.n},
+                  "r2": fit.r2, "n": fit.n, "sets_budget": set_by["rule"].startswith("hinge"),
+                  **({} if set_by["rule"].startswith("hinge") else
+                     {"note": "not used: the point budget is set as `set_by` says; the hinge enters the interval's "
+                              "resamples only"})},
           "bounded": bounded,
           "points": [{"pair": r["pair"], "point": r["point"], "mismatch": float(mi), "quality_loss": float(qi),
                       **({"seeds": len(sm), "seed_quality_losses": sq.tolist()} if "seed_rows" in r else {})}

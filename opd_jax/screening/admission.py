@@ -79,16 +79,21 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
   quality has an unbounded budget: only a lower bound (the largest mismatch its runs tested). Then a bounded
   pooled budget, fitted on all pairs' runs, is the better estimate. Returns (key in budget_file["budgets"],
   budget, note); the note says when and why the pooled budget was borrowed. A budget file whose pre-registered
-  per-pair test (`per_pair_test`, launch/pair_budgets.py) decided "pooled" gives every pair the pooled budget.
+  per-pair test (`per_pair_test`, launch/pair_budgets.py) decided "pooled" gives every pair the pooled budget;
+  one whose pre-registered horizon test (`horizon_test`, experiments/horizon.py) did not show that run length moves
+  the budget judges every run length against the main length's budgets.
   """
   budgets = budget_file.get("budgets", {})
   main, horizons = budget_file.get("steps"), [h for h in budget_file.get("horizons", []) if h]
+  horizon_test = budget_file.get("horizon_test") or {}
   horizon = main
-  if steps and horizons:
+  if steps and horizons and horizon_test.get("decision", "moves") == "moves":
     horizon = min(horizons, key=lambda h: (abs(math.log(h / steps)), -h))
   key = lambda name: name if horizon == main else f"{name}@{horizon}"
   notes = [f"calibrated on {horizon}-step runs" + (f", this run trains {steps}" if steps and steps != horizon else "")
            ] if horizon else []
+  if horizon_test and horizon_test.get("decision") != "moves" and steps and steps != main:
+    notes.append("the horizon test did not show run length moves the budget")
   own, pooled = budgets.get(key(pair)), budgets.get(key("pooled"))
   test = budget_file.get("per_pair_test") or {}
   if test.get("decision") == "pooled" and pooled is not None:
@@ -105,13 +110,19 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
 
 
 def admit(measured: dict, budget_file: dict, pair: str, steps: int | None = None) -> dict:
-  """The verdict on `measured` (Calibration.measure's metrics). The budgets are in run-mean k3, so the step-0
-  measurement is divided by the budget file's measured factor first (k3_conversion.factor_for): `measured` is
-  what the check measured, `compared` what it compared with the budget (the margin is on it; the confidence
-  counts joint bootstrap draws of the budget and the factor)."""
+  """The verdict on `measured` (Calibration.measure's metrics): admit_value on the budget file's scale."""
+  value = budget_lib.SCALES[budget_file["scale"]]({f"mismatch/{k}": v for k, v in measured.items()})
+  return admit_value(value, budget_file, pair, steps)
+
+
+def admit_value(value: float, budget_file: dict, pair: str, steps: int | None = None) -> dict:
+  """The verdict on a measured value on the budget file's scale: the one rule launch/admit.py and the validation
+  (experiments/validation.py) apply. The budgets are in run-mean k3, so the step-0 measurement is divided by the
+  budget file's measured factor first (k3_conversion.factor_for): `measured` is what the check measured,
+  `compared` what it compared with the budget (the margin is on it; the confidence counts joint bootstrap draws
+  of the budget and the factor). The budget is pick_budget's, so the file's pre-registered decisions apply."""
   scale = budget_file["scale"]
   source, budget, note = pick_budget(budget_file, pair, steps)
-  value = budget_lib.SCALES[scale]({f"mismatch/{k}": v for k, v in measured.items()})
   factor, conversion = k3_conversion.factor_for(budget_file, pair, budget.get("steps"))
   result = budget_lib.verdict(value / factor, budget)
   joint = k3_conversion.confidence(value, result["admit"], budget, budget_file, pair)
