@@ -52,16 +52,22 @@ def distillation_table(rows: list[dict]) -> str:
       ["mean greedy response tokens", _f(first.get("eval/teacher_response_tokens"), 1),
        _f(first["eval/response_tokens"], 1), _f(last["eval/response_tokens"], 1)],
   ]
+  if "eval/at_cap" in first:  # logged since the stopping fix
+    body += [["greedy responses at the token cap", _pct(first.get("eval/teacher_at_cap")), _pct(first["eval/at_cap"]),
+              _pct(last["eval/at_cap"])],
+             ["greedy responses repeating an 8-token run", _pct(first.get("eval/teacher_repetition")),
+              _pct(first["eval/repetition"]), _pct(last["eval/repetition"])]]
   return _md(["held-out metric", "teacher", f"pruned (step {first['step']})", f"distilled (step {last['step']})"],
              body)
 
 
-def samples_table(samples: list[dict], count: int = 3) -> str:
-  """The first `count` open (ungraded) prompts: the teacher's, the pruned and the distilled student's responses."""
+def samples_table(samples: list[dict], count: int = 3, graded: bool = False) -> str:
+  """The first `count` open (ungraded; graded=True: graded) prompts: the teacher's, the pruned and the distilled
+  student's responses."""
   steps = sorted({s["step"] for s in samples if s["model"] == "student"})
   by = lambda model, step: {s["prompt"]: s["response"] for s in samples if s["model"] == model and s["step"] == step}
   teacher, before, after = by("teacher", steps[0]), by("student", steps[0]), by("student", steps[-1])
-  prompts = [s["prompt"] for s in samples if s["model"] == "teacher" and "answer" not in s][:count]
+  prompts = [s["prompt"] for s in samples if s["model"] == "teacher" and ("answer" in s) == graded][:count]
   clean = lambda text: " ".join(text.replace("|", "\\|").split()) or "*(empty: EOS first)*"
   body = [[clean(p), clean(teacher[p]), clean(before[p]), clean(after[p])] for p in prompts]
   return _md(["prompt", "teacher", f"pruned (step {steps[0]})", f"distilled (step {steps[-1]})"], body)
@@ -139,7 +145,10 @@ def tables(results_dir: str) -> dict[str, str]:
   run = os.path.join(root, "run")
   if os.path.exists(os.path.join(run, "metrics.jsonl")):
     out["smollm2 distillation"] = distillation_table(read_jsonl(os.path.join(run, "metrics.jsonl")))
-    out["smollm2 samples"] = samples_table(read_jsonl(os.path.join(run, "samples.jsonl")))
+    samples = read_jsonl(os.path.join(run, "samples.jsonl"))
+    out["smollm2 samples"] = samples_table(samples)
+    if any(s["model"] == "teacher" and "answer" in s for s in samples):
+      out["smollm2 capitals samples"] = samples_table(samples, count=4, graded=True)
   if os.path.isdir(os.path.join(root, "depth")):
     out["smollm2 depth"] = depth_table(os.path.join(root, "depth"))
   if os.path.exists(os.path.join(root, "prune.json")):
