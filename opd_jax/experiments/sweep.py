@@ -6,9 +6,10 @@ A sweep config (configs/sweeps/*.py) names `pairs`, `base_overrides` that shrink
 (no mismatch knobs, sync); each row's quality delta is measured against it.
 
 DIR/results.jsonl gets one complete JSON line per finished point: the point's full rollout config, run-averaged
-mismatch metrics, final and best held-out accuracy, delta vs the baseline, wall time and status. Rerunning
-skips points already "ok"; a point that crashed is recorded with status "failed" and its error, the sweep goes
-on, and the next rerun retries it.
+mismatch metrics, final and best held-out accuracy, delta vs the baseline, wall time and status, and the run's
+identity (`run_id`: a hash of its full resolved config, seed and `code_version`, experiments/run_identity.py).
+Rerunning skips points already "ok"; a point that crashed is recorded with status "failed" and its error, the sweep
+goes on, and the next rerun retries it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from opd_jax.experiments.files import append_jsonl, read_jsonl, write_json
+from opd_jax.experiments.run_identity import code_version, run_id
 from opd_jax.errors import InputError
 
 BASELINE = "baseline"
@@ -106,6 +108,8 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
       # The horizon and the optimizer a budget is for (a budget calibrated at 150 steps is not one for 75).
       row.update(steps=config.train.steps, learning_rate=config.optimizer.learning_rate, seed=config.seed)
       row["objective"] = config.objective.name if "objective" in config else None
+      row["code_version"] = code_version()
+      row["run_id"] = run_id(json.loads(config.to_json()), config.seed, row["code_version"])
       _discard_if_config_changed(workdir, config)
       train_fn(config, workdir)
       row.update(_summarize(workdir), status="ok")
