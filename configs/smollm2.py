@@ -64,7 +64,7 @@ def get_config(arg=None):
   # Half the training prompts are capital questions (114 of the 1,780 rows, each drawn about 5 times in a run),
   # half open instructions, as in the held-out set. OPD learns to end a response only at prefixes where the
   # teacher ends it, and the teacher's answers to open instructions mostly run past the 48-token cap
-  # (docs/real_pair.md, "Why the distilled student stops stopping"); unweighted, 94% of rows were those.
+  # (docs/real_pair.md, "Why the distilled student stopped stopping"); unweighted, 94% of rows were those.
   c.data.mix = "chat=1,capitals=1"
 
   c.rollout.max_new_tokens = 48  # response budget (longer answers are cut; OPD learns from the prefix)
