@@ -9,8 +9,8 @@ Train (HF checkpoint directories and JSONL prompts of your own):
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import real_config  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+from configs.real.common import real_config  # noqa: E402  (not `common`: configs/sweeps has one too)
 
 
 def get_config(arg=None):
