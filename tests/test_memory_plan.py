@@ -271,3 +271,20 @@ def test_the_benchmark_runner_measures_the_command_not_its_caller():
   killed = run_guarded(allocate(2.0), os.devnull, max_rss_bytes=int(0.6e9))
   assert killed["killed"].startswith("RSS > 0.6 GB") and killed["exit"] != 0 and killed["peak_rss_bytes"] > 0.6e9
   del ballast
+
+
+def test_device_peak_memory_is_the_largest_devices_peak_and_absent_on_cpu():
+  """The metrics rows' memory/device_peak_gib: the measured side of the planner's prediction on an accelerator."""
+  from opd_jax.train.device_memory import peak_gib
+
+  class Device:
+    def __init__(self, stats):
+      self.stats = stats
+
+    def memory_stats(self):
+      return self.stats
+
+  assert peak_gib([Device({"peak_bytes_in_use": 3 * 2**30}), Device({"peak_bytes_in_use": 5 * 2**29})]) == {
+      "memory/device_peak_gib": 3.0}
+  assert peak_gib([Device(None)]) == {}
+  assert peak_gib() == {}  # XLA:CPU reports none: the rows of a CPU run carry no such field

@@ -74,3 +74,34 @@ def test_train_config_accepts_the_pair(small_pair):
                               max_prompt_tokens=MAX_PROMPT_TOKENS, seed=0, use_chat_template=True))
   assert batch["prompt_BxP"].shape == (8, MAX_PROMPT_TOKENS)
   assert (batch["prompt_BxP"][:, -1] == tokenizer.convert_tokens_to_ids("\n")).all()  # "assistant\n" ends it
+
+
+def test_shaped_pair_takes_depth_width_heads_and_tying_from_the_shape(tmp_path, monkeypatch):
+  """build_shaped_pair (the GPU check's real-size pair) copies every dimension of the shipped shape; here two
+  small qwen3 shapes stand in for Qwen3-1.7B / -0.6B so the test builds in seconds."""
+  from opd_jax.bench import scale_pair
+  from opd_jax.models import shapes
+
+  small = {"teacher-shape": dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                 head_dim=48, intermediate_size=320, tie_word_embeddings=False),
+           "student-shape": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                 head_dim=40, intermediate_size=96, tie_word_embeddings=True)}
+  monkeypatch.setattr(shapes, "hf_dict", lambda name: {"model_type": "qwen3", "vocab_size": VOCAB, **small[name]})
+  paths = scale_pair.build_shaped_pair(str(tmp_path), "teacher-shape", "student-shape", train_problems=8,
+                                       heldout_problems=4)
+  for role, name in (("teacher", "teacher-shape"), ("student", "student-shape")):
+    stored = json.load(open(os.path.join(paths[role], "config.json")))
+    assert {k: stored[k] for k in small[name]} == small[name]
+    assert stored["vocab_size"] == VOCAB and stored["dtype"] == "bfloat16"
+    model = load_pretrained(paths[role], jnp.float32)
+    assert {k: getattr(model.config, k) for k in small[name]} == small[name]  # and as opd_jax reads it back
+    assert len(load_tokenizer(paths[role])) == VOCAB
+
+
+def test_shaped_pair_refuses_a_shape_it_cannot_build(tmp_path):
+  from opd_jax.bench.scale_pair import build_shaped_pair
+  from opd_jax.errors import InputError
+  with pytest.raises(InputError, match="'llama-3.1-8b' is a 'llama' shape"):
+    build_shaped_pair(str(tmp_path), "llama-3.1-8b", "qwen3-0.6b")
+  with pytest.raises(InputError, match="not a shipped model shape"):
+    build_shaped_pair(str(tmp_path), "qwen3-99b", "qwen3-0.6b")

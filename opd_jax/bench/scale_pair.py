@@ -77,20 +77,22 @@ def build_tokenizer(out_dir: str, vocab_size: int = QWEN3_VOCAB_SIZE):
 
 
 def _save_model(path: str, vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, tied: bool,
-                seed: int) -> None:
-  """A float32 Qwen3 decoder with transformers' random init (seeded), saved as safetensors."""
+                seed: int, *, head_dim: int = 0, intermediate: int = 0, dtype: str = "float32") -> None:
+  """A Qwen3 decoder with transformers' random init (seeded), saved as safetensors in `dtype`.
+
+  head_dim / intermediate: 0 = hidden // heads / 3 * hidden."""
   import torch
   import transformers
 
   ids = special_token_ids(vocab_size)
   config = transformers.Qwen3Config(
-      vocab_size=vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-      tie_word_embeddings=tied, max_position_embeddings=40_960, rms_norm_eps=1e-6,
-      rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+      vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or 3 * hidden,
+      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+      head_dim=head_dim or hidden // heads, tie_word_embeddings=tied, max_position_embeddings=40_960,
+      rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
       bos_token_id=ids[ENDOFTEXT], eos_token_id=ids[IM_END], pad_token_id=ids[ENDOFTEXT])
   torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
   # Qwen3's generation config: stop at <|im_end|> or <|endoftext|>.
   model.generation_config = transformers.GenerationConfig(
       bos_token_id=ids[ENDOFTEXT], eos_token_id=[ids[IM_END], ids[ENDOFTEXT]], pad_token_id=ids[ENDOFTEXT])
@@ -128,6 +130,29 @@ def build_scale_pair(root: str, vocab_size: int = QWEN3_VOCAB_SIZE, teacher_laye
     _save_model(paths[role], vocab_size, width, layers, heads=width // 32, kv_heads=width // 64, tied=tied,
                 seed=model_seed)
     build_tokenizer(paths[role], vocab_size)
+  _write_problems(paths["train_file"], SCALE_TASK.problems("train", train_problems, seed))
+  _write_problems(paths["heldout_file"], SCALE_TASK.problems("heldout", heldout_problems, seed))
+  return paths
+
+
+def build_shaped_pair(root: str, teacher_shape: str = "qwen3-1.7b", student_shape: str = "qwen3-0.6b",
+                      seed: int = 0, dtype: str = "bfloat16", train_problems: int = 2048,
+                      heldout_problems: int = 256) -> dict[str, str]:
+  """Like build_scale_pair, but both models at a shipped Qwen3 shape (opd_jax.models.shapes: depth, width,
+  heads, MLP, tied embeddings), random weights stored in `dtype`: a run at real model size on an accelerator
+  (launch/bench/device_check.sh), without a download. The tokenizer is this module's character-level one at
+  the shape's vocabulary."""
+  from opd_jax.models import shapes
+
+  paths = pair_paths(root)
+  for role, name, model_seed in (("teacher", teacher_shape, seed + 1), ("student", student_shape, seed + 2)):
+    c = shapes.hf_dict(name)
+    if c.get("model_type") != "qwen3":
+      raise InputError(f"{name!r} is a {c.get('model_type')!r} shape; build_shaped_pair builds qwen3 shapes only")
+    _save_model(paths[role], c["vocab_size"], c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                c["num_key_value_heads"], bool(c.get("tie_word_embeddings")), model_seed, head_dim=c["head_dim"],
+                intermediate=c["intermediate_size"], dtype=dtype)
+    build_tokenizer(paths[role], c["vocab_size"])
   _write_problems(paths["train_file"], SCALE_TASK.problems("train", train_problems, seed))
   _write_problems(paths["heldout_file"], SCALE_TASK.problems("heldout", heldout_problems, seed))
   return paths

@@ -32,5 +32,11 @@ def load(name: str) -> ModelConfig:
   return ModelConfig.from_hf_dict(read_json_object(_file(name)), source=_file(name))
 
 
+def hf_dict(name: str) -> dict:
+  """The shipped config.json of a shape, as HF writes it."""
+  load(name)  # the error for an unknown name
+  return read_json_object(_file(name))
+
+
 def display_name(name: str) -> str:
   return str(read_json_object(_file(name)).get("_name_or_path", name)).rsplit("/", 1)[-1]

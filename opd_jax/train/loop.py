@@ -19,7 +19,7 @@ from opd_jax.models import load_tokenizer
 from opd_jax.models import sharding as shard_lib
 from opd_jax.rollout import placement
 from opd_jax.rollout.snapshots import SnapshotStore
-from opd_jax.train import distributed, evaluation, programs
+from opd_jax.train import device_memory, distributed, evaluation, programs
 from opd_jax.train import served as served_lib
 from opd_jax.train import teachers as teachers_lib
 from opd_jax.train.config_checks import check_config, check_workdir, response_group
@@ -296,6 +296,7 @@ def train(config, workdir: str) -> dict:
         row["perf/tokens_per_s"] = float(interval_tokens) / elapsed
         row["learning_rate"] = float(schedule(int(state.step) - 1))  # what the interval's last update used
         row["data/prompts_truncated"] = last_data_state["truncated"]  # cut to data.max_prompt_tokens so far
+        row.update(device_memory.peak_gib())  # accelerators only: the process's peak so far
         for name, client, _, _ in clients:  # request + response bytes per scored token so far, outages survived
           prefix = f"teachers/{name}/" if name else "teacher/"
           row[prefix + "wire_bytes_per_token"] = client.wire_bytes_per_token()
