@@ -1,6 +1,7 @@
 """Benchmark tables from results/bench/: the sampler on real weights (launch/bench/sampler.py --out) and the
-guard's comparison with an earlier revision (launch/bench/compare.py --out). Timings of one machine, shipped with
-the machine, versions and commit they were measured on."""
+guard's comparison with an earlier revision (launch/bench/compare.py --out); and from results/device/<run>/: OPD
+at real model shapes on a lent GPU (launch/bench/device_check.sh) beside the memory planner's prediction for the
+same runs. Timings of one machine, shipped with the machine, versions and commit they were measured on."""
 
 from __future__ import annotations
 
@@ -76,8 +77,46 @@ def compare_runs(rows: dict[str, list[list[dict]]]) -> list[dict]:
   return table
 
 
+ARMS = {"bf16": "bf16 weights + bf16 KV", "fp8": "fp8 weights + fp8 KV"}  # device_check.sh's rollout arms
+
+
+def device_table(run_dir: str) -> str:
+  """One device_check.sh run: per rollout arm its steady-state step (the last metrics row: the steps after the
+  first interval, which includes compilation), the sampler-learner k3, the device's measured peak memory
+  (memory/device_peak_gib) and the planner's prediction for the same config (plan_<arm>.json, launch/plan_memory.py
+  --json): its largest program total and its train-step total."""
+  gib = lambda b: b / 2**30
+  body = []
+  for arm, label in ARMS.items():
+    rows = read_jsonl(os.path.join(run_dir, f"opd_{arm}_metrics.jsonl"), "device check metrics file")
+    last = [r for r in rows if "perf/step_s" in r][-1]
+    plan = read_json(os.path.join(run_dir, f"plan_{arm}.json"), "memory plan file")
+    measured, planned = last["memory/device_peak_gib"], gib(plan["peak_bytes_per_device"])
+    body.append([label, f"{last['perf/step_s']:.2f}", f"{last['perf/tokens_per_s']:,.0f}", f"{last['mismatch/k3']:.2g}",
+                 f"{measured:.2f}", f"{planned:.2f}", f"{gib(plan['program_totals']['train_step']):.2f}",
+                 f"{planned / measured:.2f}x"])
+  return _md(["rollouts", "s/step (steady)", "tokens/s", "k3 sampler vs learner", "device peak GiB (measured)",
+              "planned peak GiB", "planned train step GiB", "planned / measured"], body)
+
+
+def device_caption(run_dir: str) -> str:
+  with open(os.path.join(run_dir, "env.log")) as f:
+    gpu, versions = [line.strip() for line in f.read().splitlines() if line.strip()][1:3]
+  first = read_jsonl(os.path.join(run_dir, "opd_bf16_metrics.jsonl"), "device check metrics file")
+  steps = [r for r in first if "perf/step_s" in r]
+  return (f"{gpu.split(',')[0]}; {versions.split(' [')[0]}; random weights at Qwen3-1.7B -> Qwen3-0.6B shapes "
+          f"(opd_jax/bench/scale_pair.py build_shaped_pair), configs/real/qwen3_1p7b_to_0p6b.py at batch 32, "
+          f"64-token prompts, 256-token responses, micro-batch 8; steady = steps {steps[-2]['step'] + 1}-"
+          f"{steps[-1]['step']} (the first {steps[-2]['step']} include compilation); one run per arm")
+
+
 def tables(results_dir: str) -> dict[str, str]:
   out = {}
+  device_dir = os.path.join(results_dir, "device")
+  for name in sorted(os.listdir(device_dir)) if os.path.isdir(device_dir) else []:
+    title = f"OPD on a GPU at real shapes: {name}"
+    out[title] = device_table(os.path.join(device_dir, name))
+    SOURCES[title], CAPTIONS[title] = f"results/device/{name}/", device_caption(os.path.join(device_dir, name))
   path = os.path.join(results_dir, "bench", "sampler.jsonl")
   if os.path.exists(path):
     rows = read_jsonl(path, "sampler benchmark file")
