@@ -28,7 +28,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where the two runs go (default:
 
 def main(argv):
   del argv
-  _cli.log_devices()
+  _cli.quiet_logs()  # no backend in this process: each run is a child with the devices to itself
   from opd_jax.bench import time_to_quality
   root = _WORKDIR.value or tempfile.mkdtemp(prefix="opd_ttq_")
   results = _cli.run_or_exit(lambda: time_to_quality.run(_CONFIG.value, _TARGET.value, root, _EVAL_EVERY.value))
