@@ -33,10 +33,12 @@ def quiet_logs() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 
-def log_devices() -> None:
+def log_devices(log_dir: str | None = None) -> None:
+  """Starts the backend and prints its devices; a backend that cannot start is one `error:` line (run_or_exit)."""
   quiet_logs()
   import jax
-  print(f"jax {jax.__version__}: {jax.device_count()} x {jax.devices()[0].platform} device(s)", file=sys.stderr)
+  count, platform = run_or_exit(lambda: (jax.device_count(), jax.devices()[0].platform), log_dir)
+  print(f"jax {jax.__version__}: {count} x {platform} device(s)", file=sys.stderr)
 
 
 def fail(message: str, code: int = 2):
@@ -45,9 +47,13 @@ def fail(message: str, code: int = 2):
   sys.exit(code)
 
 
-def run_or_exit(fn):
+def run_or_exit(fn, log_dir: str | None = None):
   """Runs fn; an InputError (bad config or input, raised by the loading / validation functions) becomes one
-  `error:` line on stderr and exit code 2."""
+  `error:` line on stderr and exit code 2. A backend limit the user can act on (opd_jax.backend_errors: device
+  memory, a dtype the backend cannot compute, a missing cuDNN / accelerator runtime) becomes one `error:` line
+  naming the setting to change and where the full trace went (log_dir/error.log, the run's workdir; a temporary
+  file without one), exit 1 for out of memory, 2 otherwise. Anything else keeps its traceback."""
+  from opd_jax import backend_errors
   from opd_jax.errors import InputError
   try:
     return fn()
@@ -55,6 +61,34 @@ def run_or_exit(fn):
     if os.environ.get(DEBUG_ENV):
       raise
     fail(e)
+  except (RuntimeError, ValueError, MemoryError, AssertionError) as e:
+    found = backend_errors.explain(e)
+    if found is None or os.environ.get(DEBUG_ENV):
+      raise
+    message, code = found
+    fail(f"{message} (full trace: {_write_trace(log_dir)})", code)
+
+
+def _write_trace(log_dir: str | None) -> str:
+  """The exception being handled, with its traceback, in log_dir/error.log (written whole: temp file + rename);
+  in a new temporary file when log_dir is None or cannot be written."""
+  import tempfile
+  import traceback
+  text = traceback.format_exc()
+  if log_dir:
+    try:
+      os.makedirs(log_dir, exist_ok=True)
+      path = os.path.join(log_dir, "error.log")
+      with open(path + ".tmp", "w") as f:
+        f.write(text)
+      os.replace(path + ".tmp", path)
+      return path
+    except OSError:
+      pass
+  fd, path = tempfile.mkstemp(prefix="opd_jax_error_", suffix=".log")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  return path
 
 
 def run(main, required: tuple[str, ...] = ()) -> None:

@@ -34,12 +34,12 @@ def main(argv):
   _cli.run_or_exit(lambda: malloc.cap_arenas(config.train.malloc_arena_max))  # before jax starts its threads
   d = config.distributed
   _cli.run_or_exit(lambda: distributed.initialize(d.coordinator, d.num_processes, d.process_id))
-  _cli.log_devices()
+  _cli.log_devices(workdir)
   from opd_jax.errors import TrainingStopped
   from opd_jax.train.loop import train
   from opd_jax.train.preemption import Preempted
   try:
-    final = _cli.run_or_exit(lambda: train(config, workdir))
+    final = _cli.run_or_exit(lambda: train(config, workdir), log_dir=workdir)
   except TrainingStopped as e:
     _cli.fail(e, code=1)
   except Preempted as e:  # checkpointed at the step reached: one line, 128 + the signal's number

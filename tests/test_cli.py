@@ -136,3 +136,35 @@ def test_candidates_parse_and_memory_columns(tmp_path):
                        ("kv_cache=int2", "kv cache dtype 'int2'"), ("", "--candidates is empty")):
     with pytest.raises(ValueError, match=message):
       candidates.rollouts_for(config, candidates.parse(bad))
+
+
+def test_a_backend_that_cannot_start_is_one_line_with_the_trace_in_the_workdir(tmp_path):
+  """JAX_PLATFORMS naming a runtime this machine lacks (libtpu here) fails as every backend limit does: one
+  `error:` line with what to change and where the full trace is, exit 2, and only that log in the workdir."""
+  workdir = tmp_path / "run"
+  result = subprocess.run([sys.executable, "launch/train.py", "--config=configs/pair1.py:runlocal",
+                           f"--workdir={workdir}"], cwd=REPO, env={**_ENV, "JAX_PLATFORMS": "tpu"},
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert "the tpu backend could not start" in errors[0] and f"full trace: {workdir}/error.log" in errors[0]
+  assert os.listdir(workdir) == ["error.log"] and "Traceback" in (workdir / "error.log").read_text()
+
+
+@pytest.mark.parametrize("exc, fragment, code", [
+    (RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 3.2GiB."), "ran out of memory", 1),
+    (RuntimeError("UNIMPLEMENTED: Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"),
+     "student_compute_dtype=float32", 2),
+    (RuntimeError("FAILED_PRECONDITION: DNN library initialization failed."), "model.attention=xla", 2),
+    (ValueError("Number of devices 1 must be >= the product of mesh_shape (16,)"), "mesh.fsdp x mesh.tensor", 2),
+    (RuntimeError("division by zero in my own code"), None, None),
+    (KeyError("RESOURCE_EXHAUSTED"), None, None),  # not a runtime error type: a bug keeps its traceback
+])
+def test_backend_limits_are_named_and_anything_else_is_left_alone(exc, fragment, code):
+  from opd_jax.backend_errors import explain
+  found = explain(exc)
+  if fragment is None:
+    assert found is None
+  else:
+    assert fragment in found[0] and found[1] == code and "\n" not in found[0]
