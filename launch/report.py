@@ -67,7 +67,8 @@ def run():
     from configs import common
     from opd_jax.experiments.calibrate_report import load_rows
     from opd_jax.experiments.files import read_admission_k3, read_budget, write_json
-    from opd_jax.experiments.validation import file_hash, validate
+    from opd_jax.experiments.files import file_hash
+    from opd_jax.experiments.validation import validate
     if _HELDOUT.value and not _BUDGET.value:
       raise InputError("--validate with --heldout_results judges them with the budget file admission uses: give "
                        "--budget=results/budget.json")

@@ -71,3 +71,75 @@ def test_the_checker_sees_both_import_forms(tmp_path):
   path = tmp_path / "m.py"
   path.write_text("import opd_jax.train.loop\nfrom opd_jax.bench import models\ndef f():\n  import launch._cli\n")
   assert {"opd_jax.train.loop", "opd_jax.bench", "opd_jax.bench.models", "launch._cli"} <= set(_imports(str(path)))
+
+
+def _module_graph(root: str) -> dict[str, set[str]]:
+  """opd_jax module -> the opd_jax modules it imports (at the top or inside functions), as dotted names:
+  `from pkg import mod` counts as the module mod, `from pkg import name` and `import pkg` as the package."""
+  files = {}
+  for path in _python_files(root):
+    rel = os.path.relpath(path, os.path.dirname(root))[:-len(".py")].replace(os.sep, ".")
+    files[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = path
+  graph = {}
+  for name, path in files.items():
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    edges = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        for alias in node.names:
+          edges.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in files else node.module)
+      elif isinstance(node, ast.Import):
+        edges.update(alias.name for alias in node.names)
+    graph[name] = {m for m in edges if m in files and m != name}
+  return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """One cycle per strongly connected component with more than one module (Tarjan's algorithm)."""
+  index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+  def visit(node):
+    index[node] = low[node] = counter[0]
+    counter[0] += 1
+    stack.append(node)
+    on_stack.add(node)
+    for nxt in sorted(graph.get(node, ())):
+      if nxt not in index:
+        visit(nxt)
+        low[node] = min(low[node], low[nxt])
+      elif nxt in on_stack:
+        low[node] = min(low[node], index[nxt])
+    if low[node] == index[node]:
+      component = []
+      while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.append(member)
+        if member == node:
+          break
+      if len(component) > 1:
+        out.append(sorted(component))
+
+  for node in sorted(graph):
+    if node not in index:
+      visit(node)
+  return out
+
+
+def test_no_import_cycle_inside_the_package():
+  """No two opd_jax modules import each other, directly or around a loop, not even from inside a function (a
+  function-level import hides a cycle from Python, not from the design)."""
+  cycles = _cycles(_module_graph(PACKAGE))
+  assert not cycles, cycles
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
+  package = tmp_path / "opd_jax"
+  (package / "experiments").mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "experiments" / "__init__.py").write_text("")
+  (package / "experiments" / "a.py").write_text("from opd_jax.experiments import b\n")
+  (package / "experiments" / "b.py").write_text("def f():\n  from opd_jax.experiments import a\n")
+  (package / "experiments" / "c.py").write_text("from opd_jax.experiments import a\n")
+  assert _cycles(_module_graph(str(package))) == [["opd_jax.experiments.a", "opd_jax.experiments.b"]]

@@ -208,7 +208,8 @@ def test_admit_py_and_the_validation_tables_agree_configuration_by_configuration
   the config's train.steps, its default, and at the run's own length) with results/budget.json, the file the
   validation records by hash; and the real verdict is the seed-mean loss against the budget's tolerance."""
   from configs import common
-  from opd_jax.experiments.validation import file_hash, summary
+  from opd_jax.experiments.files import file_hash
+  from opd_jax.experiments.validation import summary
   budget_path = os.path.join(RESULTS, "budget.json")
   budget = read_budget(budget_path)
   validation = read_json(os.path.join(RESULTS, name), "validation file")
@@ -261,17 +262,23 @@ def test_the_shipped_validation_next_to_simple_rules():
   assert compared["straddling"] == 6
 
 
-def test_the_pair1_main_run_on_this_release_reaches_what_the_study_says():
-  """docs/study.md: the main command (configs/pair1.py) on this release's host: 33.2% -> 84.0% greedy, 81.6%
-  sampled, reverse KL 0.522 -> 0.054 (results/pair1_main/metrics.jsonl); the main job's bar is >= 80%."""
+def test_the_main_runs_reach_what_the_study_says():
+  """docs/study.md's main-run table is generated from results/pairN_main/metrics.jsonl and quoted verbatim; each
+  shipped main run closes at least half the gap to its teacher (the study's bar) and pair1's reaches >= 80%."""
   from opd_jax.experiments.files import read_jsonl
-  evals = [r for r in read_jsonl(os.path.join(RESULTS, "pair1_main", "metrics.jsonl")) if "eval/accuracy" in r]
-  first, last = evals[0], evals[-1]
-  assert (first["step"], last["step"]) == (0, 700)
-  assert f"{100 * first['eval/accuracy']:.1f}% -> **{100 * last['eval/accuracy']:.1f}%** greedy / " \
-         f"{100 * last['eval/accuracy_sampled']:.1f}% sampled, reverse KL {first['eval/reverse_kl']:.3f} -> " \
-         f"{last['eval/reverse_kl']:.3f}" in " ".join(_read("docs/study.md").split())
-  assert last["eval/accuracy"] >= 0.80
+  from opd_jax.experiments.pair_tables import build_info, main_runs_table
+  table = main_runs_table(RESULTS)
+  assert table in _read("docs/study.md")
+  shipped = [p for p in ("pair1", "pair2", "pair3") if os.path.exists(os.path.join(RESULTS, f"{p}_main"))]
+  assert "pair1" in shipped and table.count("\n| pair") == len(shipped)
+  for pair in shipped:
+    evals = [r for r in read_jsonl(os.path.join(RESULTS, f"{pair}_main", "metrics.jsonl")) if "eval/accuracy" in r]
+    first, last = evals[0], evals[-1]
+    assert (first["step"], last["step"]) == (0, 700)
+    teacher = build_info(pair)["teacher"]["heldout_greedy_accuracy"]
+    assert (last["eval/accuracy"] - first["eval/accuracy"]) / (teacher - first["eval/accuracy"]) >= 0.5, pair
+  assert [r for r in read_jsonl(os.path.join(RESULTS, "pair1_main", "metrics.jsonl"))
+          if "eval/accuracy" in r][-1]["eval/accuracy"] >= 0.80
 
 
 def test_the_served_teacher_comparison_is_recomputed_from_the_shipped_runs():
@@ -353,7 +360,7 @@ def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
 def test_the_real_pair_screen_verdicts_stand_against_the_seed_mean_budget():
   """docs/real_pair.md and docs/study.md: screens printed against the single-seed pooled budget (0.386) keep every
   verdict against budget.json's seed-mean pooled budget with the pooled k3 factor (SmolLM2 has no calibration
-  points of its own), and real_pair.md states the int4 KV cache's new ratio."""
+  points of its own), and real_pair.md quotes the table that judges them so, the int4 KV cache's ratio in it."""
   from opd_jax.screening.k3_conversion import factor_for
   budget = read_budget(os.path.join(RESULTS, "budget.json"))
   pooled = budget["budgets"]["pooled"]["budget"]
@@ -365,7 +372,10 @@ def test_the_real_pair_screen_verdicts_stand_against_the_seed_mean_budget():
     assert all((r["measured"] / divide <= pooled) == r["admit"] for r in rows), name
   kv_int4 = next(r for r in read_json(os.path.join(RESULTS, "smollm2", "admission.json"), "admission file")["rows"]
                  if r["candidate"] == "kv_cache=int4")
-  assert f"({kv_int4['measured'] / factor / pooled:.2f}x)" in " ".join(_read("docs/real_pair.md").split())
+  table = all_tables(RESULTS)["smollm2 admission"]  # judged by admission.admit_value, quoted in real_pair.md
+  assert table in _read("docs/real_pair.md")
+  assert f"| kv_cache=int4 | {kv_int4['measured']:.3g} |" in table
+  assert f"| REJECT | {kv_int4['measured'] / factor / pooled:.2f}x | REJECT (0.386) |" in table
 
 
 def test_the_horizon_test_is_recomputed_from_the_shipped_runs():

@@ -8,16 +8,12 @@ from __future__ import annotations
 import os
 import statistics
 
+from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.files import read_json, read_jsonl
 
 SAMPLER = "results/bench/sampler.jsonl"
 SOURCES: dict[str, str] = {}
 CAPTIONS: dict[str, str] = {}  # title -> what one run measured on which machine (results.md prints it above)
-
-
-def _md(header: list[str], body: list[list[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
 
 
 def _last_run(rows: list[dict]) -> list[dict]:
@@ -31,7 +27,7 @@ def sampler_table(rows: list[dict]) -> str:
   ratio = lambda x: "" if x is None else f"{x:.2f}x"
   body = [[r["engine"].replace("opd_jax ", "opd_jax, "), str(r["tokens"]), f"{r['tokens_per_s']:.0f}",
            ratio(r["vs_transformers"]), ratio(r["vs_float32"])] for r in rows]
-  return _md(["engine", "tokens per call", "tokens/s (median)", "vs transformers", "vs opd_jax float32"], body)
+  return md_table(["engine", "tokens per call", "tokens/s (median)", "vs transformers", "vs opd_jax float32"], body)
 
 
 def run_caption(rows: list[dict]) -> str:
@@ -46,7 +42,7 @@ def run_caption(rows: list[dict]) -> str:
 def roofline_table(rows: list[dict]) -> str:
   """The float32 decode step against this machine's measured matmul ceiling and read bandwidth."""
   r = next(r for r in rows if r["engine"] == "opd_jax w=none kv=native")
-  return _md(["decode step (float32)", "measured here", "reached", "fraction"],
+  return md_table(["decode step (float32)", "measured here", "reached", "fraction"],
              [["memory read, GB/s (weights + mean KV per step)", f"{r['machine_read_gbs']:.1f}",
                f"{r['decode_read_gbs']:.1f}", f"{r['decode_read_gbs'] / r['machine_read_gbs']:.0%}"],
               ["matmul, GFLOP/s (2 x params x batch per step)", f"{r['machine_matmul_gflops']:.1f}",
@@ -56,7 +52,7 @@ def roofline_table(rows: list[dict]) -> str:
 def compare_table(comparison: dict) -> str:
   body = [[c["engine"], f"{c['this_vs_transformers']:.2f}x", f"{c['rev_vs_transformers']:.2f}x",
            f"{c['this_over_rev']:.2f}x"] for c in comparison["comparison"]]
-  return _md(["engine", "this tree vs transformers", f"{comparison['rev']} vs transformers", "this / rev"], body)
+  return md_table(["engine", "this tree vs transformers", f"{comparison['rev']} vs transformers", "this / rev"], body)
 
 
 def compare_runs(rows: dict[str, list[list[dict]]]) -> list[dict]:
@@ -95,7 +91,7 @@ def device_table(run_dir: str) -> str:
     body.append([label, f"{last['perf/step_s']:.2f}", f"{last['perf/tokens_per_s']:,.0f}", f"{last['mismatch/k3']:.2g}",
                  f"{measured:.2f}", f"{planned:.2f}", f"{gib(plan['program_totals']['train_step']):.2f}",
                  f"{planned / measured:.2f}x"])
-  return _md(["rollouts", "s/step (steady)", "tokens/s", "k3 sampler vs learner", "device peak GiB (measured)",
+  return md_table(["rollouts", "s/step (steady)", "tokens/s", "k3 sampler vs learner", "device peak GiB (measured)",
               "planned peak GiB", "planned train step GiB", "planned / measured"], body)
 
 

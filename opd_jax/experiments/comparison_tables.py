@@ -21,7 +21,8 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_jsonl, read_results
-from opd_jax.experiments.real_pair_tables import _md, _pct
+from opd_jax.experiments.markdown import md_table
+from opd_jax.experiments.real_pair_tables import _pct
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.screening.k3_conversion import point_key
 
@@ -59,7 +60,7 @@ def opd_vs_grpo_table(runs: dict[str, list[dict]], at_step: int = 100) -> str:
     body.append([name, _accuracy_cell(evals), "n/a" if middle is None else _pct(middle["eval/accuracy"]),
                  f"{evals[0]['eval/reverse_kl']:.3f} -> {evals[-1]['eval/reverse_kl']:.3f}",
                  "n/a" if seconds is None else f"{seconds:.0f} s"])
-  return _md(["objective", "held-out acc, greedy (sampled)", f"step {at_step}", "reverse KL to teacher",
+  return md_table(["objective", "held-out acc, greedy (sampled)", f"step {at_step}", "reverse KL to teacher",
               "training time"], body)
 
 
@@ -78,7 +79,7 @@ def grpo_mismatch_table(grpo: list[dict], opd: list[dict]) -> str:
     reward = r["mismatch"].get("rollout/reward", float("nan"))
     body.append([r["point"], opd_cell,
                  f"{_pct(r['final_accuracy'])} ({r['mismatch']['mismatch/k3']:.2g}, {reward:.3f})"])
-  return _md(["point", "OPD acc (k3)", "GRPO acc (k3, mean training reward)"], body)
+  return md_table(["point", "OPD acc (k3)", "GRPO acc (k3, mean training reward)"], body)
 
 
 def sync_async_table(runs: dict[str, list[dict]]) -> str:
@@ -89,7 +90,8 @@ def sync_async_table(runs: dict[str, list[dict]]) -> str:
     body.append([mode, f"{np.median([r['perf/step_s'] for r in train]):.3f}",
                  f"{np.median([r['perf/tokens_per_s'] for r in train]):.0f}",
                  f"{np.mean([r['rollout/version_lag'] for r in train]):.2f}", _pct(_evals(rows)[-1]["eval/accuracy"])])
-  return _md(["mode", "s/step (median)", "rollout tokens/s (median)", "mean policy lag", "held-out acc at the end"],
+  return md_table(["mode", "s/step (median)", "rollout tokens/s (median)", "mean policy lag",
+                  "held-out acc at the end"],
              body)
 
 
@@ -100,7 +102,7 @@ def knobs_run_table(rows: list[dict]) -> str:
   train = [r for r in rows if "mismatch/k3" in r]
   mean = lambda key: float(np.mean([r[key] for r in train if key in r]))
   seconds = _train_seconds(rows)
-  return _md(["held-out acc, greedy (sampled)", "run-mean k3", "k1 precision", "k1 staleness", "training time",
+  return md_table(["held-out acc, greedy (sampled)", "run-mean k3", "k1 precision", "k1 staleness", "training time",
               "s/step (median)"],
              [[_accuracy_cell(_evals(rows)), f"{mean('mismatch/k3'):.3g}",
                f"{mean('mismatch_split/precision_k1'):.2g}", f"{mean('mismatch_split/staleness_k1'):.2g}",

@@ -6,6 +6,7 @@ damage tolerated is the one a crash can cause: the final line of a JSONL file cu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -19,6 +20,12 @@ RESULT_FIELDS = {"pair": str, "point": str, "status": str}
 OK_RESULT_FIELDS = {"final_accuracy": _NUMBER, "best_accuracy": _NUMBER, "mismatch": dict}
 BUDGET_FIELDS = {"budget": _NUMBER, "interval": list, "bootstrap_budgets": list}
 ADMISSION_K3_FIELDS = {"pair": str, "point": str, "overrides": dict, "admission_k3": _NUMBER}
+
+
+def file_hash(path: str) -> str:
+  """sha256 of a file's bytes (hex): how a results file names the exact inputs it was made from."""
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def write_json(path: str, value) -> None:

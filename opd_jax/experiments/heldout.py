@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from opd_jax.errors import InputError
-from opd_jax.experiments.files import read_jsonl
+from opd_jax.experiments.files import file_hash, read_jsonl
 from opd_jax.experiments.run_identity import code_version
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening import admission, candidates
@@ -147,7 +147,6 @@ def screen_pair(config, budget_file: dict, budget_path: str, trained: dict, base
                 shape, device_bytes: int, log=print) -> dict:
   """The screen of config.pair (the pair's own config: what the validation measures with): every pool candidate
   not in `trained`, through candidates.screen; the excluded ones with the runs that trained them."""
-  from opd_jax.experiments.validation import file_hash
   from opd_jax.screening.calibration import Calibration
   pair, start = config.pair, time.time()
   listed, excluded = [], []
@@ -226,7 +225,6 @@ def cost_estimate(similar: dict[str, list[dict]], selection: dict[str, list[dict
 def selection_file(screens: dict[str, dict], screen_paths: dict[str, str], budget_file: dict, budget_path: str,
                    similar: dict[str, list[dict]]) -> dict:
   """What the sweep config reads: the rule, its inputs (file hashes), the selected points and the cost estimate."""
-  from opd_jax.experiments.validation import file_hash
   stale = sorted(p for p, s in screens.items() if s["budget_sha256"] != file_hash(budget_path))
   if stale:
     raise InputError(f"screen(s) of {stale} were judged with another {budget_path} than the one given; screen again")

@@ -16,14 +16,9 @@ import math
 import os
 import re
 
+from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.files import read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
-
-
-def _md(header: list[str], body: list[list[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  lines += ["| " + " | ".join(cells) + " |" for cells in body]
-  return "\n".join(lines)
 
 
 def _f(x, digits: int = 3) -> str:
@@ -57,7 +52,7 @@ def distillation_table(rows: list[dict]) -> str:
               _pct(last["eval/at_cap"])],
              ["greedy responses repeating an 8-token run", _pct(first.get("eval/teacher_repetition")),
               _pct(first["eval/repetition"]), _pct(last["eval/repetition"])]]
-  return _md(["held-out metric", "teacher", f"pruned (step {first['step']})", f"distilled (step {last['step']})"],
+  return md_table(["held-out metric", "teacher", f"pruned (step {first['step']})", f"distilled (step {last['step']})"],
              body)
 
 
@@ -70,7 +65,7 @@ def samples_table(samples: list[dict], count: int = 3, graded: bool = False) -> 
   prompts = [s["prompt"] for s in samples if s["model"] == "teacher" and ("answer" in s) == graded][:count]
   clean = lambda text: " ".join(text.replace("|", "\\|").split()) or "*(empty: EOS first)*"
   body = [[clean(p), clean(teacher[p]), clean(before[p]), clean(after[p])] for p in prompts]
-  return _md(["prompt", "teacher", f"pruned (step {steps[0]})", f"distilled (step {steps[-1]})"], body)
+  return md_table(["prompt", "teacher", f"pruned (step {steps[0]})", f"distilled (step {steps[-1]})"], body)
 
 
 def depth_table(folder: str) -> str:
@@ -84,27 +79,35 @@ def depth_table(folder: str) -> str:
     prune = read_json(prune_path, "pruning record") if os.path.exists(prune_path) else None
     body.append([str(layers), _f(prune["kl_to_source"]) if prune else "-", _f(row["eval/reverse_kl"]),
                  _f(row["eval/teacher_forced_kl"]), _pct(row.get("eval/accuracy")), _f(row["eval/response_tokens"], 1)])
-  return _md(["layers kept (of 30)", "pruning KL (calibration prompts)", "held-out reverse KL", "teacher-forced KL",
+  return md_table(["layers kept (of 30)", "pruning KL (calibration prompts)", "held-out reverse KL",
+                  "teacher-forced KL",
               "capitals accuracy", "greedy response tokens"], body)
 
 
 def prune_table(prune: dict) -> str:
   body = [[str(r["drops_per_round"]), _f(r["kl_calibration"]), _f(r["kl_check"]), str(r["subsets_scored"]),
            ", ".join(str(d["layer"]) for d in r["dropped"])] for r in prune["rows"]]
-  return _md(["layers dropped per round", "KL to the full model (calibration)", "KL (check prompts)",
+  return md_table(["layers dropped per round", "KL to the full model (calibration)", "KL (check prompts)",
               "subsets scored (cost)", "dropped, in order"], body)
 
 
-def admission_table(real: dict, pair1: dict | None) -> str:
-  """Measured k3 per candidate on the real pair next to pair1's, and the verdict against the pooled budget."""
+def admission_table(real: dict, pair1: dict | None, budget_file: dict) -> str:
+  """Measured k3 per candidate on the real pair next to pair1's, judged as launch/admit.py judges it today
+  (admission.admit_value with the shipped budget file: the measurement divided by the file's k3 factor, against
+  the budget it picks for a pair it has none of: the pooled one), beside the verdict the run itself printed
+  against the budget file of its day."""
+  from opd_jax.screening import admission
   embedded = {r["candidate"]: r["measured"] for r in (pair1 or {}).get("rows", [])}
   body = []
   for r in sorted(real["rows"], key=lambda r: r["measured"]):
     other = embedded.get(r["candidate"])
+    today = admission.admit_value(r["measured"], budget_file, "smollm2")
     body.append([r["candidate"], f"{r['measured']:.3g}", "n/a" if other is None else f"{other:.3g}",
-                 "n/a" if not other else f"{r['measured'] / other:.0f}x", "ADMIT" if r["admit"] else "REJECT",
-                 f"{r['measured'] / r['budget']:.2f}x"])
-  return _md(["candidate", "k3 real pair", "k3 pair1", "real / pair1", "verdict", "vs pooled budget"], body)
+                 "n/a" if not other else f"{r['measured'] / other:.0f}x", f"{today['compared']:.3g}",
+                 "ADMIT" if today["admit"] else "REJECT", f"{today['compared'] / today['budget']:.2f}x",
+                 ("ADMIT" if r["admit"] else "REJECT") + f" ({r['budget']:.3f})"])
+  return md_table(["candidate", "k3 real pair", "k3 pair1", "real / pair1", "compared k3 (÷ factor)",
+              "verdict (shipped budget)", "vs shipped budget", "verdict at the run (its budget)"], body)
 
 
 def sensitivity_table(scans: dict[str, dict], top: int = 5) -> str:
@@ -117,7 +120,7 @@ def sensitivity_table(scans: dict[str, dict], top: int = 5) -> str:
     body.append([precision, f"{scan['whole_model']['k3']:.3g}",
                  ", ".join(f"{g['name'].split()[1]} ({g['k3']:.2g})" for g in layers[:top]),
                  f"{rank0} of {len(layers)}", ", ".join(f"{g['name']} ({g['k3']:.2g})" for g in modules[:3])])
-  return _md(["weights", "whole-model k3", "most sensitive layers (k3)", "layer 0's rank",
+  return md_table(["weights", "whole-model k3", "most sensitive layers (k3)", "layer 0's rank",
               "most sensitive module types (k3)"], body)
 
 
@@ -132,7 +135,7 @@ def recipes_table(rows: list[dict]) -> str:
     body.append([r["point"], f"{k3:.3g}", _f(r["final_reverse_kl"]),
                  "n/a" if delta_kl is None else f"{delta_kl:+.3f}", _pct(r["final_accuracy"]),
                  "n/a" if delta_acc is None else f"{100 * delta_acc:+.1f}"])
-  return _md(["recipe", "run k3", "final reverse KL", "vs baseline", "capitals accuracy", "vs baseline (points)"],
+  return md_table(["recipe", "run k3", "final reverse KL", "vs baseline", "capitals accuracy", "vs baseline (points)"],
              body)
 
 
@@ -156,7 +159,8 @@ def tables(results_dir: str) -> dict[str, str]:
   if os.path.exists(os.path.join(root, "admission.json")):
     pair1 = os.path.join(root, "admission_pair1.json")
     out["smollm2 admission"] = admission_table(read_json(os.path.join(root, "admission.json"), "admission file"),
-                                               read_json(pair1, "admission file") if os.path.exists(pair1) else None)
+                                               read_json(pair1, "admission file") if os.path.exists(pair1) else None,
+                                               read_json(os.path.join(results_dir, "budget.json"), "budget file"))
   scans = {}
   for name in sorted(os.listdir(root)):
     if name.startswith("sensitivity_") and name.endswith(".json"):

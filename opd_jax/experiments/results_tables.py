@@ -8,26 +8,18 @@ Quality deltas are final held-out accuracy minus the same sweep's knob-free base
 
 from __future__ import annotations
 
-import math
 import os
 
-from opd_jax.experiments import bench_tables, comparison_tables, real_pair_tables, serving_tables, study_tables
+from opd_jax.experiments import (bench_tables, comparison_tables, pair_tables, real_pair_tables, serving_tables,
+                                 study_tables)
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
+from opd_jax.experiments.markdown import g3, md_table
 from opd_jax.experiments.sweep import fill_deltas
-from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
+from opd_jax.experiments.validation import admission_vs_run_k3
+from opd_jax.experiments.validation_tables import k3_quantities_table, validation_rules_table, validation_table
 
 SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
           "corrections", "corrections_grpo")  # results/<name>.jsonl
-
-
-def _md(header: list[str], body: list[list[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  lines += ["| " + " | ".join(cells) + " |" for cells in body]
-  return "\n".join(lines)
-
-
-def _g(x) -> str:
-  return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
 
 
 def sweep_table(rows: list[dict]) -> str:
@@ -39,10 +31,10 @@ def sweep_table(rows: list[dict]) -> str:
       continue
     m = r["mismatch"]
     delta = r.get("delta_final_accuracy")
-    body.append([r["pair"], r["point"], _g(m.get("mismatch/k3")), _g(m.get("mismatch/k1")), _g(m.get("mismatch/tv")),
+    body.append([r["pair"], r["point"], g3(m.get("mismatch/k3")), g3(m.get("mismatch/k1")), g3(m.get("mismatch/tv")),
                  f"{m.get('rollout/version_lag', 0.0):.1f}", f"{100 * r['final_accuracy']:.1f}%",
                  "n/a" if delta is None else f"{100 * delta:+.1f}"])
-  return _md(["pair", "point", "k3", "k1", "tv", "mean lag", "final acc", "delta vs baseline"], body)
+  return md_table(["pair", "point", "k3", "k1", "tv", "mean lag", "final acc", "delta vs baseline"], body)
 
 
 def _set_by_cell(b: dict) -> tuple[str, str]:
@@ -51,14 +43,14 @@ def _set_by_cell(b: dict) -> tuple[str, str]:
   if s is None:
     return "not recorded", ""
   if "between" in s:
-    what = "crossing between " + " and ".join(f"{p['point'].split('/')[-1]} ({_g(p['mismatch'])})"
+    what = "crossing between " + " and ".join(f"{p['point'].split('/')[-1]} ({g3(p['mismatch'])})"
                                                for p in s["between"])
   elif "knee" in s:
-    what = f"hinge fit (knee {_g(s['knee'])}, slope {_g(s['slope'])})"
+    what = f"hinge fit (knee {g3(s['knee'])}, slope {g3(s['slope'])})"
   else:
     what = f"largest tested ({s['point']['point'].split('/')[-1]})"
   gap = s["empty_range"]
-  empty = (f"{_g(gap['below']['mismatch'])}-{_g(gap['above']['mismatch'])} ({gap['ratio']:.1f}x)"
+  empty = (f"{g3(gap['below']['mismatch'])}-{g3(gap['above']['mismatch'])} ({gap['ratio']:.1f}x)"
            if gap["ratio"] is not None else "n/a")
   return what, empty
 
@@ -69,9 +61,9 @@ def budget_table(budget: dict) -> str:
   body = []
   for key, b in budget["budgets"].items():
     lo, hi = b["interval"]
-    body.append([key, str(b.get("steps", "")), _g(b["budget"]), f"[{_g(lo)}, {_g(hi)}]",
+    body.append([key, str(b.get("steps", "")), g3(b["budget"]), f"[{g3(lo)}, {g3(hi)}]",
                  "yes" if b["bounded"] else "no (largest tested)", str(len(b["points"])), *_set_by_cell(b)])
-  return _md(["budget", "run length (steps)", "k3 budget", "90% interval", "bounded", "runs", "set by (k3)",
+  return md_table(["budget", "run length (steps)", "k3 budget", "90% interval", "bounded", "runs", "set by (k3)",
               "no calibration point in k3"], body)
 
 
@@ -86,8 +78,8 @@ def transfer_table(budget: dict) -> str:
       c = matrix[a][b]
       wrong = [f"admits {p}" for p in c["wrongly_admitted"]] + [f"rejects {p}" for p in c["wrongly_rejected"]]
       cells.append(f"{c['agree']}/{c['n']}" + (f" ({'; '.join(wrong)})" if wrong else ""))
-    body.append([f"{a} ({_g(budget['budgets'][a]['budget'])})"] + cells)
-  return _md(["budget of \\ runs of"] + pairs, body)
+    body.append([f"{a} ({g3(budget['budgets'][a]['budget'])})"] + cells)
+  return md_table(["budget of \\ runs of"] + pairs, body)
 
 
 def k3_conversion_table(budget: dict) -> str:
@@ -96,57 +88,7 @@ def k3_conversion_table(budget: dict) -> str:
   body = [[steps, name, f"{f['factor']:.3g}", f"[{f['interval'][0]:.3g}, {f['interval'][1]:.3g}]",
            f"x/÷ {f['geo_sd']:.2f}", str(f["n"])]
           for steps, entry in budget["k3_conversion"]["by_steps"].items() for name, f in entry.items()]
-  return _md(["steps", "pair", "admission / run-mean k3", "90% interval", "per configuration", "points"], body)
-
-
-def validation_table(validation: dict) -> str:
-  """Each held-out configuration judged as launch/admit.py judges it (the validation's budget file; the budget it
-  picked), against the real runs."""
-  converted = any(r.get("k3_factor", 1.0) != 1.0 for r in validation["rows"])
-  body = []
-  for r in validation["rows"]:
-    seeds = r.get("seeds", [])
-    body.append([r["pair"], r["point"], _g(r["measured"]), *([f"{r['k3_factor']:.3g}"] if converted else []),
-                 f"{r.get('budget_source', '')} {_g(r['budget'])}".strip(),
-                 f"{r.get('measured_over_budget', math.nan):.2f}x",
-                 "ADMIT" if r["admit"] else "REJECT", f"{100 * r['quality_loss']:+.1f}",
-                 ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in seeds),
-                 "ok" if r["real_ok"] else "lost", "yes" if r["agree"] else "**no**"])
-  return _md(["pair", "held-out point", "admission k3", *(["÷ factor"] if converted else []), "budget", "vs budget",
-              "verdict",
-              "quality loss (seed mean)", "per seed", "real run", "agree"], body)
-
-
-def validation_rules_table(validation: dict) -> str:
-  """The shipped admission rule's agreement next to reject-all, admit-all, the per-pair counterfactual and the
-  hindsight oracle (experiments.validation.compare_with_rules), and seed by seed, each with its interval's kind."""
-  compared = compare_with_rules(validation)
-  body = []
-  for rule, e in list(compared["rules"].items()) + [("shipped rule, seed by seed", compared["seed_level"])]:
-    note = ("any threshold in " + " or ".join(f"[{_g(lo)}, {_g(hi)})" for lo, hi in e["thresholds"])
-            if "thresholds" in e else "")
-    body.append([rule, f"{e['agreed']} / {e['n']}", f"{100 * e['interval'][0]:.0f}-{100 * e['interval'][1]:.0f}%",
-                 e["interval_kind"].replace("95% ", ""), note])
-  return _md(["rule", "agrees with the real runs", "95% interval", "interval", "note"], body)
-
-
-def k3_quantities_table(validation: dict) -> str:
-  """Admission-time k3 against the run-mean k3 the budgets are calibrated on (experiments.validation
-  .admission_vs_run_k3), per held-out configuration, with the geometric mean ratio; with a conversion, the
-  factor each row was divided by (fitted on calibration points only) and the out-of-sample residual."""
-  compared = admission_vs_run_k3(validation)
-  converted = compared["converted"]
-  body = [[r["pair"], r["point"], _g(r["admission_k3"]), _g(r["run_k3"]), f"{r['ratio']:.2f}",
-           *([f"{r['factor']:.2f}", f"{r['residual']:.2f}"] if converted else [])] for r in compared["rows"]]
-  body.append(["all", f"geometric mean of {compared['n']}", "", "",
-               f"{compared['geo_mean']:.2f} x/÷ {compared['geo_sd']:.2f}",
-               *(["", f"{compared['residual_geo_mean']:.2f} x/÷ {compared['residual_geo_sd']:.2f}"] if converted
-                 else [])])
-  if converted:
-    body.append(["all", "verdicts the conversion changed (against comparing the step-0 k3 unconverted)", "", "",
-                 "", "", f"{compared['flips']} of {compared['n']}"])
-  return _md(["pair", "held-out point", "admission k3 (step 0)", "run-mean k3 (seed mean)", "admission / run",
-              *(["factor (calibration)", "admission / factor / run"] if converted else [])], body)
+  return md_table(["steps", "pair", "admission / run-mean k3", "90% interval", "per configuration", "points"], body)
 
 
 def importance_table(rows: list[dict]) -> str:
@@ -160,7 +102,7 @@ def importance_table(rows: list[dict]) -> str:
       body.append([r["pair"], r["point"], f"{100 * w['opd/is_weight']:.1f}%", f"{100 * w['opd/is_ess']:.1f}%",
                    "-" if skipped is None else f"{100 * skipped:.0f}%", f"{100 * r['initial_accuracy']:.1f}%",
                    f"{100 * r['final_accuracy']:.1f}%"])
-  return _md(["pair", "point", "mean weight", "ESS", "updates skipped", "start acc", "final acc"], body)
+  return md_table(["pair", "point", "mean weight", "ESS", "updates skipped", "start acc", "final acc"], body)
 
 
 def corrections_table(prefix_shift: dict) -> str:
@@ -171,7 +113,8 @@ def corrections_table(prefix_shift: dict) -> str:
     for kind, c in row.get("corrections", {}).items():
       body.append([f"{row['sigma']:g}", kind, signed(c["k1_error"]), signed(c["shift"]), f"{100 * c['kept']:.0f}%",
                    f"{100 * c['ess']:.0f}%"])
-  return _md(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"], body)
+  return md_table(["sigma", "correction", "error of the OPD estimate", "prefix shift left", "responses kept", "ESS"],
+                  body)
 
 
 def plans_table(plans: dict[str, dict]) -> str:
@@ -213,7 +156,7 @@ def plans_before_after_table(before: dict[str, dict], after: dict[str, dict]) ->
                  f"peak {b['peak_bytes_per_device'] / 2**30:.2f} -> {a['peak_bytes_per_device'] / 2**30:.2f}"])
     body.append([name, "planner peak RSS (GB, host)", f"{b['planner_peak_rss_bytes'] / 1e9:.2f} -> "
                  f"{a['planner_peak_rss_bytes'] / 1e9:.2f}", "", ""])
-  return _md(["config", "program", "compile s (before -> after)", "faster", "GiB per device (before -> after)"],
+  return md_table(["config", "program", "compile s (before -> after)", "faster", "GiB per device (before -> after)"],
              body)
 
 
@@ -224,12 +167,13 @@ def host_rss_table(rows: list[dict]) -> str:
   body = [[r["name"], f"{gb(r['predicted']['peak_bytes'])} = " + " + ".join(
       gb(r["predicted"][k]) for k in ("runtime_bytes", "compile_bytes", "device_bytes")),
            gb(r["peak_rss_bytes"]), f"{r['predicted']['peak_bytes'] / r['peak_rss_bytes']:.2f}"] for r in rows]
-  return _md(["run", "predicted GB = runtime + compile + device", "measured peak GB", "predicted / measured"], body)
+  return md_table(["run", "predicted GB = runtime + compile + device", "measured peak GB", "predicted / measured"],
+                  body)
 
 
 def all_tables(results_dir: str) -> dict[str, str]:
   """Title -> markdown table for every result file present in `results_dir` (the results page's order)."""
-  tables = {}
+  tables = pair_tables.tables(results_dir)
   for name in SWEEPS:
     path = os.path.join(results_dir, f"{name}.jsonl")
     if os.path.exists(path):
@@ -288,7 +232,7 @@ not what `results/` generates). How each file is made, and what the numbers mean
 
 def source_of(title: str) -> str:
   """The shipped file (or folder) a table of all_tables is rendered from."""
-  for sources in (study_tables.SOURCES, comparison_tables.SOURCES, bench_tables.SOURCES):
+  for sources in (pair_tables.SOURCES, study_tables.SOURCES, comparison_tables.SOURCES, bench_tables.SOURCES):
     if title in sources:
       return sources[title]
   kind, _, name = title.partition(" ")

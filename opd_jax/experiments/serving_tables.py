@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_jsonl, read_results
-from opd_jax.experiments.real_pair_tables import _md
+from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.sweep import fill_deltas
 
 
@@ -35,7 +35,7 @@ def served_table(rows: list[dict]) -> str:
                  "yes" if served["accuracy_equal"] else "no",
                  f"{100 * local['eval/accuracy']:.1f}% / {100 * served['eval/accuracy']:.1f}%",
                  f"{served['wire_bytes_per_token']:.0f}"])
-  return _md(["mode", "in process: training s (s/step)", "served: training s (s/step)", "training time ratio",
+  return md_table(["mode", "in process: training s (s/step)", "served: training s (s/step)", "training time ratio",
               "s/step ratio", "largest logged difference", "every logged value within 1e-4 through step", "accuracy equal at every evaluation",
               "final accuracy (in process / served)", "wire bytes / token"], body)
 
@@ -50,7 +50,8 @@ def transport_table(rows: list[dict]) -> str:
     else:
       errors = ["(sampled token only: reverse_kl_pg)", "", ""]
     body.append([r["pair"], k, f"{r['bytes_per_token']:,.0f}", *errors])
-  return _md(["pair", "K", "wire bytes / token", "loss rel. error", "gradient rel. error", "gradient cosine"], body)
+  return md_table(["pair", "K", "wire bytes / token", "loss rel. error", "gradient rel. error", "gradient cosine"],
+                  body)
 
 
 def training_table(seed_files: list[str]) -> str:
@@ -66,7 +67,8 @@ def training_table(seed_files: list[str]) -> str:
     accuracy, delta = (np.asarray(v) * 100 for v in zip(*values))
     body.append([point, str(len(values)), f"{accuracy.mean():.1f}% [{accuracy.min():.1f}, {accuracy.max():.1f}]",
                  f"{delta.mean():+.1f} [{delta.min():+.1f}, {delta.max():+.1f}]"])
-  return _md(["point", "seeds", "final accuracy, mean [min, max]", "delta vs exact, points, mean [min, max]"], body)
+  return md_table(["point", "seeds", "final accuracy, mean [min, max]", "delta vs exact, points, mean [min, max]"],
+                  body)
 
 
 def multi_teacher_table(rows: list[dict]) -> str:
@@ -77,7 +79,7 @@ def multi_teacher_table(rows: list[dict]) -> str:
   body = [[str(r["step"]), f"{100 * r['eval/accuracy']:.1f}%", f"{r['eval/reverse_kl']:.4f}",
            *(f"{r[f'eval/teachers/{n}/reverse_kl']:.4f}" for n in names)]
           for i, r in enumerate(evals) if i % 5 == 0 or i == len(evals) - 1]
-  return _md(["step", "greedy accuracy", "reverse KL (routed)", *(f"reverse KL to {n}" for n in names)], body)
+  return md_table(["step", "greedy accuracy", "reverse KL (routed)", *(f"reverse KL to {n}" for n in names)], body)
 
 
 def tables(results_dir: str) -> dict[str, str]:

@@ -27,7 +27,8 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_json
-from opd_jax.experiments.real_pair_tables import _md
+from opd_jax.experiments import validation_tables
+from opd_jax.experiments.markdown import md_table
 
 SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json",
            "corrections over seeds (prefix shift, pair1)": "results/prefix_shift_pair1*.json",
@@ -70,7 +71,7 @@ def prefix_shift_table(runs: list[dict]) -> str:
                  _spread([100 * a for a in col("accuracy_clean")], "{:.1f}"),
                  _spread([100 * a for a in col("accuracy_noisy")], "{:.1f}"),
                  _spread([100 * a for a in col("identical_responses")], "{:.0f}")])
-  return _md(["sigma", "seeds", "same-prefix k3", "prefix shift", "naive error", "TIS error", "acc clean %",
+  return md_table(["sigma", "seeds", "same-prefix k3", "prefix shift", "naive error", "TIS error", "acc clean %",
               "acc noisy %", "identical responses %"], body)
 
 
@@ -85,7 +86,7 @@ def corrections_over_seeds_table(runs: list[dict], sigmas=(0.03, 0.1)) -> str:
       cs = [r["corrections"][kind] for r in rows if kind in r.get("corrections", {})]
       body.append([f"{sigma:g}", kind, str(len(cs)), _spread([c["k1_error"] for c in cs]),
                    _spread([c["shift"] for c in cs]), _spread([100 * c["ess"] for c in cs], "{:.0f}")])
-  return _md(["sigma", "correction", "seeds", "error of the OPD estimate", "prefix shift left", "ESS %"], body)
+  return md_table(["sigma", "correction", "seeds", "error of the OPD estimate", "prefix shift left", "ESS %"], body)
 
 
 def pair_test_table(test: dict) -> str:
@@ -100,7 +101,8 @@ def pair_test_table(test: dict) -> str:
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
   body.append(["all", "decision", "", "", "", "", test["decision"]])
-  return _md(["pair", "point", "knob", "run-mean k3 (seed mean)", "quality loss per seed", "seed mean [95% t-interval]",
+  return md_table(["pair", "point", "knob", "run-mean k3 (seed mean)", "quality loss per seed",
+                  "seed mean [95% t-interval]",
               f"vs tolerance {100 * test['tolerance']:g}"], body)
 
 
@@ -112,7 +114,7 @@ def seeds_table(points: list[dict], tolerance: float) -> str:
     body.append([p["pair"], p["point"], ", ".join(f"{s['run_k3']:.3g}" for s in p["seeds"]),
                  ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"]])
-  return _md(["pair", "point", "run-mean k3 per seed", "quality loss per seed", "seed mean [95% t-interval]",
+  return md_table(["pair", "point", "run-mean k3 per seed", "quality loss per seed", "seed mean [95% t-interval]",
               f"vs tolerance {100 * tolerance:g}"], body)
 
 
@@ -139,7 +141,7 @@ def budgets_side_by_side(single: dict, means: dict) -> str:
     seeds = sorted({p.get("seeds", 1) for p in b["points"]})
     body.append([key, _budget_cell(one), _budget_cell(b), str(len(b["points"])), "/".join(map(str, seeds)),
                  "yes" if b["bounded"] else "no"])
-  return _md(["budget", "one seed per point [90% interval]", "seed mean [90% interval, seeds resampled]", "points",
+  return md_table(["budget", "one seed per point [90% interval]", "seed mean [90% interval, seeds resampled]", "points",
               "seeds per point", "bounded"], body)
 
 
@@ -154,7 +156,7 @@ def horizon_table(test: dict, budget: dict) -> str:
     body.append([str(p["steps"]), f"{p['run_k3']:.3g}", ", ".join(f"{100 * s['quality_loss']:+.1f}" for s in p["seeds"]),
                  f"{100 * p['quality_loss']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", p["side"], _budget_cell(b)])
   body.append(["all", "", "", "", test["decision"], ""])
-  return _md(["run length (steps)", f"{test['point']} run-mean k3 (seed mean)", "quality loss per seed",
+  return md_table(["run length (steps)", f"{test['point']} run-mean k3 (seed mean)", "quality loss per seed",
               "seed mean [95% t-interval]", f"vs tolerance {100 * test['tolerance']:g}",
               f"{test['pair']} budget (seed means) [90% interval]"], body)
 
@@ -170,7 +172,7 @@ def sensitivity_table(scans: list[tuple[dict, dict]], top: int = 4) -> str:
                  ", ".join(f"{g['name']} ({g['k3']:.2g})" for g in groups[:top]),
                  f"{kept} bf16, rest {recipe['precision']}", f"{recipe['k3']:.2g}",
                  f"{recipe['weight_bytes'] / recipe['weight_bytes_bf16']:.2f}x"])
-  return _md(["pair", "weights", "whole model k3", "top groups (k3)", "fitted recipe", "recipe k3",
+  return md_table(["pair", "weights", "whole model k3", "top groups (k3)", "fitted recipe", "recipe k3",
               "recipe weight bytes vs bf16"], body)
 
 
@@ -184,7 +186,6 @@ def sensitivity_files(results_dir: str) -> list[tuple[dict, dict]]:
 
 
 def tables(results_dir: str) -> dict[str, str]:
-  from opd_jax.experiments import results_tables
   from opd_jax.experiments.validation import admission_vs_run_k3
   out = {}
   runs = prefix_shift_files(results_dir)
@@ -217,10 +218,11 @@ def tables(results_dir: str) -> dict[str, str]:
   path = os.path.join(results_dir, "validation_pairs.json")
   if os.path.exists(path):
     validation = read_json(path, "validation file")
-    out["validation with fresh seeds"] = results_tables.validation_table(validation)
-    out["validation with fresh seeds against simple rules"] = results_tables.validation_rules_table(validation)
+    out["validation with fresh seeds"] = validation_tables.validation_table(validation)
+    out["validation with fresh seeds against simple rules"] = validation_tables.validation_rules_table(validation)
     if admission_vs_run_k3(validation)["n"]:
-      out["validation with fresh seeds: admission k3 vs run-mean k3"] = results_tables.k3_quantities_table(validation)
+      out["validation with fresh seeds: admission k3 vs run-mean k3"] = (
+          validation_tables.k3_quantities_table(validation))
   scans = sensitivity_files(results_dir)
   if scans:
     out["quantization sensitivity (embedded pairs)"] = sensitivity_table(scans)

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from opd_jax.experiments.calibrate_report import build_budget
+from opd_jax.experiments.files import file_hash
 from opd_jax.experiments.intervals import cluster_interval, wilson_interval
 from opd_jax.experiments.sweep import BASELINE, set_field
 from opd_jax.errors import InputError
@@ -78,11 +79,6 @@ def summary(rows: list[dict]) -> dict:
   agreed = sum(r["agree"] for r in rows)
   return {"agreement": agreed / len(rows), "agreement_interval": wilson_interval(agreed, len(rows)),
           "agreed": agreed, "n": len(rows)}
-
-
-def file_hash(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
 
 
 def rejudge(validation: dict, budget_file: dict, budget_path: str) -> dict:
@@ -163,6 +159,7 @@ def compared(row: dict) -> float:
 SHIPPED = "admission check (the shipped rule: budget.json as launch/admit.py reads it)"
 PER_PAIR = "per-pair budgets (counterfactual: the pre-registered test chose pooled)"
 ORACLE = "best constant k3 threshold (oracle: chosen in hindsight)"
+FITTED = "constant k3 threshold fitted on the calibration points only"
 
 
 def compare_with_rules(validation: dict) -> dict:
@@ -172,8 +169,11 @@ def compare_with_rules(validation: dict) -> dict:
   without that decision), and the best single k3 threshold in hindsight (an oracle, with the ranges of thresholds
   that score it); each with a 95% Wilson interval over configurations. Seed by seed (each seed's own quality loss
   against the tolerance, judged by the same admission verdict) the interval is over configurations too (seeds of
-  one configuration are a cluster): a t-interval on the configurations' seed shares. A validation that a trivial
-  rule matches does not tell budgets apart."""
+  one configuration are a cluster): a t-interval on the configurations' seed shares. Where the budget file holds
+  its calibration points' admission k3, also the constant threshold fitted on those points alone
+  (heldout.calibration_constant), and under "near" the same rules on the configurations whose compared k3 is
+  within x/÷ heldout.NEAR of their budget. A validation that a trivial rule matches does not tell budgets
+  apart."""
   rows, budget_file = validation["rows"], validation["budget"]
   n = len(rows)
 
@@ -202,6 +202,21 @@ def compare_with_rules(validation: dict) -> dict:
       else:
         ranges.append([low, high])
   rules[ORACLE] = {**entry(best, n), "thresholds": ranges}
+  from opd_jax.experiments import heldout
+  try:  # needs the budget file's calibration points with their admission k3 (k3_conversion)
+    threshold = heldout.calibration_constant(budget_file)["threshold"]
+  except (InputError, KeyError):
+    threshold = None
+  if threshold is not None:
+    rules[FITTED] = {**entry(sum((compared(r) <= threshold) == r["real_ok"] for r in rows), n),
+                     "threshold": threshold}
+  # The configurations where a verdict is hard: compared k3 within x/÷ heldout.NEAR of the budget it is judged by.
+  near = [r for r in rows if 1 / heldout.NEAR <= compared(r) / r["budget"] <= heldout.NEAR]
+  near_rules = {SHIPPED: entry(sum(r["agree"] for r in near), len(near)),
+                "reject all": entry(sum(not r["real_ok"] for r in near), len(near)),
+                "admit all": entry(sum(r["real_ok"] for r in near), len(near))}
+  if threshold is not None:
+    near_rules[FITTED] = entry(sum((compared(r) <= threshold) == r["real_ok"] for r in near), len(near))
   per_config, straddling = [], 0
   for r in rows:
     tolerance = budget_file["budgets"][r.get("budget_source", "pooled")]["tolerance_abs"]
@@ -212,7 +227,7 @@ def compare_with_rules(validation: dict) -> dict:
   seed_level = {"agreed": agreed, "n": total, "agreement": agreed / total,
                 "interval": cluster_interval(*zip(*per_config)),
                 "interval_kind": f"95% t-interval over the {n} configurations' seed shares (seeds are clusters)"}
-  return {"rules": rules, "seed_level": seed_level, "straddling": straddling}
+  return {"rules": rules, "seed_level": seed_level, "straddling": straddling, "near": near_rules}
 
 
 def admission_vs_run_k3(validation: dict) -> dict:
