@@ -1,7 +1,7 @@
 """Mixed-precision mismatch floor: k3 of a float32 / bfloat16 sampler against a float32 / bfloat16 learner with
 identical weights, with and without int8 / fp8 weight recipes.
 
-  python launch/bench/precision_floor.py --config=configs/pair1.py [--prompts=256]
+  python launch/bench/precision_floor.py --config=configs/pair1.py [--prompts=256] [--out=FILE.json]
 
 Goal: a bfloat16-compute learner against a float32 sampler stays at k3 <= 1e-4 on pair1.
 """
@@ -18,6 +18,8 @@ from launch import _cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _PROMPTS = flags.DEFINE_integer("prompts", 256, "Calibration prompts (held-out split).")
+_OUT = flags.DEFINE_string("out", "", "JSON file to write the rows to (with the config and prompts), e.g. "
+                           "results/precision_floor_pair1.json; written whole or not at all.")
 
 
 def run():
@@ -27,6 +29,10 @@ def run():
   for r in rows:
     print(f"{r['sampler_compute']:<9} {r['learner_compute']:<9} {r['weights']:<8} {r['k3']:>10.3g} {r['k1']:>10.3g} "
           f"{r['vocab_kl']:>10.3g}")
+  if _OUT.value:
+    from opd_jax.bench.precision_floor import write_floor
+    write_floor(_OUT.value, _CONFIG.value, _PROMPTS.value, rows)
+    print(f"wrote {_OUT.value}")
 
 
 def main(argv):

@@ -10,6 +10,8 @@ an int8 / fp8 weight recipe adds on top of it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import jax
 from flax import nnx
@@ -43,3 +45,11 @@ def measure_floor(config, num_prompts: int = 256, seed: int = 0, recipes=("none"
                    "k3": metrics["k3"], "k1": metrics["k1"],
                    "vocab_kl": metrics.get("vocab/kl_sampler_learner", float("nan"))})
   return rows
+
+
+def write_floor(path: str, config, num_prompts: int, rows: list[dict]) -> None:
+  """The rows as one JSON file (pair, prompts, rows), written to a temporary name and renamed."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump({"pair": config.pair, "prompts": num_prompts, "rows": rows}, f, indent=1)
+  os.replace(tmp, path)

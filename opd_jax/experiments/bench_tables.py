@@ -5,6 +5,7 @@ same runs. Timings of one machine, shipped with the machine, versions and commit
 
 from __future__ import annotations
 
+import glob
 import os
 import statistics
 
@@ -106,8 +107,24 @@ def device_caption(run_dir: str) -> str:
           f"{steps[-1]['step']} (the first {steps[-2]['step']} include compilation); one run per arm")
 
 
+def precision_floor_table(floor: dict) -> str:
+  """launch/bench/precision_floor.py --out: k3 per (sampler compute, learner compute) and weight recipe."""
+  recipes = list(dict.fromkeys(r["weights"] for r in floor["rows"]))
+  pairs = list(dict.fromkeys((r["sampler_compute"], r["learner_compute"]) for r in floor["rows"]))
+  k3 = {(r["sampler_compute"], r["learner_compute"], r["weights"]): r["k3"] for r in floor["rows"]}
+  body = [[s, l, *(f"{k3[(s, l, w)]:.2g}" for w in recipes)] for s, l in pairs]
+  return md_table(["sampler compute", "learner compute", *(f"k3, weights {w}" for w in recipes)], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
   out = {}
+  for path in sorted(glob.glob(os.path.join(results_dir, "precision_floor_*.json"))):
+    floor = read_json(path, "precision floor file")
+    title = f"precision floor ({floor['pair']})"
+    out[title] = precision_floor_table(floor)
+    SOURCES[title] = f"results/{os.path.basename(path)}"
+    CAPTIONS[title] = (f"launch/bench/precision_floor.py --config=configs/{floor['pair']}.py, {floor['prompts']} "
+                       "held-out prompts, identical float32 weights, k3 of the sampler's tokens as in training")
   device_dir = os.path.join(results_dir, "device")
   for name in sorted(os.listdir(device_dir)) if os.path.isdir(device_dir) else []:
     title = f"OPD on a GPU at real shapes: {name}"

@@ -138,6 +138,20 @@ def plans_table(plans: dict[str, dict]) -> str:
                    + ["| " + " | ".join(row) + " |" for row in body])
 
 
+def plan_programs_table(plan: dict) -> str:
+  """One plan (launch/plan_memory.py --json) program by program, GiB per device: XLA's argument / output / temp /
+  alias, the program's peak, what stays resident beside it in its pool, the total and whether it fits."""
+  gib = lambda x: f"{x / 2**30:.2f}"
+  body = []
+  for name, d in plan["program_details"].items():
+    total = plan["program_totals"][name]
+    body.append([name, gib(d["argument_bytes"]), gib(d["output_bytes"]), gib(d["temp_bytes"]), gib(d["alias_bytes"]),
+                 gib(d["peak_bytes"]), gib(total - d["peak_bytes"]), gib(total),
+                 "yes" if total <= plan["device_memory_bytes"] else "no"])
+  return md_table(["program (GiB/device)", "argument", "output", "temp", "alias", "peak", "+resident", "total", "fits"],
+                  body)
+
+
 def plans_before_after_table(before: dict[str, dict], after: dict[str, dict]) -> str:
   """Per config and program: compile seconds and per-device GiB of the plan before stacked layer storage
   (results/plans/before_stacked_layers/, the planner of the release before it) and now (results/plans/), with
@@ -210,6 +224,10 @@ def all_tables(results_dir: str) -> dict[str, str]:
       before = {f[:-len(".json")]: read_json(os.path.join(before_dir, f), "plan file")
                 for f in sorted(os.listdir(before_dir)) if f.endswith(".json")}
       tables["real-scale plans before and after stacked layers"] = plans_before_after_table(before, plans)
+    flags_dir = os.path.join(plans_dir, "flags")
+    for f in sorted(os.listdir(flags_dir)) if os.path.isdir(flags_dir) else []:
+      if f.endswith(".json"):
+        tables[f"plan {f[:-len('.json')]}"] = plan_programs_table(read_json(os.path.join(flags_dir, f), "plan file"))
   host_path = os.path.join(results_dir, "host_rss.jsonl")
   if os.path.exists(host_path):
     tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
@@ -248,6 +266,8 @@ def source_of(title: str) -> str:
     return "results/plans/"
   if title == "real-scale plans before and after stacked layers":
     return "results/plans/"
+  if title.startswith("plan "):
+    return f"results/plans/flags/{title[len('plan '):]}.json"
   if title == "host memory":
     return "results/host_rss.jsonl"
   if title == "served teacher vs in process":
