@@ -105,3 +105,47 @@ def test_shaped_pair_refuses_a_shape_it_cannot_build(tmp_path):
     build_shaped_pair(str(tmp_path), "llama-3.1-8b", "qwen3-0.6b")
   with pytest.raises(InputError, match="not a shipped model shape"):
     build_shaped_pair(str(tmp_path), "qwen3-99b", "qwen3-0.6b")
+
+
+def _real_config(name: str, arg: str):
+  import importlib
+  return importlib.import_module(f"configs.real.{name}").get_config(arg)
+
+
+def test_every_shipped_real_config_has_a_one_device_smoke_form(small_pair):
+  """`smoke` keeps each real config's model settings and shrinks shapes and the mesh to one device; the result
+  passes the loop's own config check on one device."""
+  import glob
+  p = small_pair
+  names = sorted(os.path.basename(f)[:-3] for f in glob.glob(os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "real", "qwen3_*.py")))
+  assert names == ["qwen3_1p7b_to_0p6b", "qwen3_8b_to_1p7b"]
+  for name in names:
+    arg = f"teacher={p['teacher']},student={p['student']},train_file={p['train_file']},heldout_file={p['heldout_file']}"
+    full, smoke = _real_config(name, arg), _real_config(name, arg + ",smoke")
+    assert (smoke.mesh.fsdp, smoke.mesh.tensor, smoke.rollout.tensor_parallel) == (1, 1, 1)
+    assert smoke.train.batch_size < full.train.batch_size and smoke.train.steps < full.train.steps
+    for field in ("student_compute_dtype", "teacher_param_dtype", "objective", "model"):
+      assert smoke[field] == full[field], field
+    check_config(smoke, device_count=1)
+
+
+@pytest.mark.slow
+def test_the_real_config_smoke_runs_on_cpu(small_pair, tmp_path):
+  """`:...,smoke` runs the shipped real config end to end on one CPU device with the user's checkpoints (here the
+  small Qwen3-shaped pair): bf16 compute, the real objective and attention, 3 steps, an evaluation, an export."""
+  import subprocess
+  import sys
+  name, p = "qwen3_1p7b_to_0p6b", small_pair
+  workdir = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, "launch/train.py",
+       f"--config=configs/real/{name}.py:teacher={p['teacher']},student={p['student']},"
+       f"train_file={p['train_file']},heldout_file={p['heldout_file']},smoke", f"--workdir={workdir}",
+       "--config.train.progress_bar=False"],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True, text=True, timeout=600,
+      env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 3]
+  assert all(r["response_tokens"] > 0 for r in rows if "loss" in r) and (workdir / "export").is_dir()

@@ -13,9 +13,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from configs.common import base_config, parse_arg  # noqa: E402
 
 
-def real_config(name: str, arg, *, teacher_shape: str, student_shape: str):
+def real_config(name: str, arg, *, teacher_shape: str, student_shape: str, settings=None):
+  """Arguments after the file name (comma-separated): teacher=DIR, student=DIR, train_file=, heldout_file=, and
+  `smoke`: the same run shrunk to minutes on a laptop CPU (see shrink_for_smoke), to try a pair before a GPU.
+  settings(c): the config file's own settings (mesh, micro-batch), applied before the smoke shrink."""
   args = parse_arg(arg, teacher=teacher_shape, student=student_shape, train_file="train.jsonl",
-                   heldout_file="heldout.jsonl")
+                   heldout_file="heldout.jsonl", smoke=False)
   c = base_config(name)
   c.teacher = args.teacher  # an HF directory to train; a shipped shape name (opd_jax/assets/model_shapes) plans only
   c.student = args.student
@@ -48,4 +51,27 @@ def real_config(name: str, arg, *, teacher_shape: str, student_shape: str):
   c.train.checkpoint_every = 50
   c.train.export_dtype = "bfloat16"
   c.train.progress_bar = True
+  if settings is not None:
+    settings(c)
+  if args.smoke:
+    shrink_for_smoke(c)
   return c
+
+
+def shrink_for_smoke(c) -> None:
+  """`:smoke`: every program of the real run (sampler, teacher scoring, train step, evaluation, checkpoint,
+  export) at the shipped model shapes and settings, but a batch of 4 x (<= 128 prompt + 32 response) tokens, 3 steps
+  and an 8-prompt evaluation: minutes on a laptop CPU with the user's own checkpoints. Shapes only shrink; the
+  objective, precisions, attention and remat stay those of the real run; the mesh shrinks to one device."""
+  c.data.max_prompt_tokens = 128
+  c.rollout.max_new_tokens = 32
+  c.train.steps = 3
+  c.train.batch_size = 4
+  c.train.micro_batch_size = 2
+  c.mesh.fsdp = c.mesh.tensor = c.rollout.tensor_parallel = 1
+  c.train.log_every = 1
+  c.train.eval_every = 3
+  c.train.eval_size = 8
+  c.train.eval_batch_size = 8
+  c.train.checkpoint_every = 3
+  c.optimizer.warmup_steps = 1
