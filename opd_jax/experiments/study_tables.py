@@ -41,6 +41,9 @@ SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json"
            "validation with fresh seeds": "results/validation_pairs.json",
            "validation with fresh seeds against simple rules": "results/validation_pairs.json",
            "validation with fresh seeds: admission k3 vs run-mean k3": "results/validation_pairs.json",
+           "held-out validation (pre-registered)": "results/validation_heldout.json",
+           "held-out validation (pre-registered) against simple rules": "results/validation_heldout.json",
+           "held-out validation (pre-registered): admission k3 vs run-mean k3": "results/validation_heldout.json",
            "quantization sensitivity (embedded pairs)": "results/sensitivity/pair*/"}
 
 
@@ -215,14 +218,15 @@ def tables(results_dir: str) -> dict[str, str]:
   if os.path.exists(path):
     out["budgets: one seed per point vs the seed mean"] = budgets_side_by_side(
         read_json(path, "budget file"), read_json(os.path.join(results_dir, "budget.json"), "budget file"))
-  path = os.path.join(results_dir, "validation_pairs.json")
-  if os.path.exists(path):
-    validation = read_json(path, "validation file")
-    out["validation with fresh seeds"] = validation_tables.validation_table(validation)
-    out["validation with fresh seeds against simple rules"] = validation_tables.validation_rules_table(validation)
-    if admission_vs_run_k3(validation)["n"]:
-      out["validation with fresh seeds: admission k3 vs run-mean k3"] = (
-          validation_tables.k3_quantities_table(validation))
+  for name, title in (("validation_pairs.json", "validation with fresh seeds"),
+                      ("validation_heldout.json", "held-out validation (pre-registered)")):
+    path = os.path.join(results_dir, name)
+    if os.path.exists(path):
+      validation = read_json(path, "validation file")
+      out[title] = validation_tables.validation_table(validation)
+      out[f"{title} against simple rules"] = validation_tables.validation_rules_table(validation)
+      if admission_vs_run_k3(validation)["n"]:
+        out[f"{title}: admission k3 vs run-mean k3"] = validation_tables.k3_quantities_table(validation)
   scans = sensitivity_files(results_dir)
   if scans:
     out["quantization sensitivity (embedded pairs)"] = sensitivity_table(scans)
