@@ -2,11 +2,15 @@
     [--sensitivity=runs/sensitivity_pair1/sensitivity_fp8_e4m3.json ...] [--prefix_shift=.../prefix_shift.json]
     [--validation=validation.json]
   python launch/report.py --rejudge --validation=results/validation_pairs.json --budget=results/budget.json
+  python launch/report.py --figures=docs/img      # the study's figures, from the shipped results/ files
 
 Writes PNG plots and out/report.html (self-contained). With --validate, first runs the admission-check
 validation (held-out sweep points, judged with --budget as launch/admit.py judges them) and writes
 out/validation.json. With --rejudge, judges a stored validation's measurements again with --budget (no measuring)
-and writes the file back; without --results it writes no report.
+and writes the file back; without --results it writes no report. With --figures=DIR, draws only the study's figures
+(quality vs mismatch, mismatch per source) from the shipped files opd_jax/experiments/figures.py lists, each with a
+DIR/<name>.png.inputs.json sidecar holding the command and the sha256 of every input (tests/test_figures.py
+checks docs/img against them).
 """
 
 import os
@@ -40,11 +44,17 @@ _ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "--validate: launch/ad
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
 _OUT = flags.DEFINE_string("out", "report", "Output directory.")
+_FIGURES = flags.DEFINE_string("figures", None, "Draw only the study's figures, from the shipped results/ files "
+                               "opd_jax/experiments/figures.py lists, into this directory (docs/img), with inputs "
+                               "sidecars; takes no other input flag.")
 
 
 def run():
   from opd_jax.experiments import report
   from opd_jax.errors import InputError
+  if _FIGURES.value:
+    _draw_figures()
+    return
   validation = _VALIDATION.value
   if not 0 < _HOLDOUT.value < 1 or not 0 < _TOLERANCE.value < 1 or _PROMPTS.value < 1:
     raise InputError(f"--holdout_fraction={_HOLDOUT.value:g} and --tolerance={_TOLERANCE.value:g} must be in (0, 1) "
@@ -95,6 +105,18 @@ def run():
   path = report.build(_RESULTS.value, _OUT.value, budget=_BUDGET.value, sensitivity=_SENSITIVITY.value,
                       prefix_shift=_PREFIX.value, validation=validation)
   print(f"wrote {path}")
+
+
+def _draw_figures():
+  from opd_jax.errors import InputError
+  from opd_jax.experiments import figures
+  given = [f"--{f.name}" for f in (_RESULTS, _BUDGET, _SENSITIVITY, _PREFIX, _VALIDATION, _VALIDATE, _REJUDGE,
+                                   _HELDOUT, _EXCLUDE, _SEED_MEANS, _ADMISSION_K3) if f.present]
+  if given:
+    raise InputError(f"--figures draws from the fixed list of shipped files in opd_jax/experiments/figures.py; "
+                     f"drop {', '.join(given)} (or drop --figures for a report of your own files)")
+  for path in figures.render(_FIGURES.value):
+    print(f"wrote {path} and {os.path.basename(path)}{figures.SIDECAR}")
 
 
 def main(argv):

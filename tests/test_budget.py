@@ -320,8 +320,9 @@ def _quantized(seed, pair):
 
 def test_report_draws_magnitudes_as_points_with_seed_spread_and_every_pair(tmp_path, monkeypatch):
   """Log axes carry markers, never bars; every pair's quantization point is drawn, with a legend; three seeds of
-  one configuration are one marker at the seed mean with min-max error bars."""
+  one configuration are one marker at the seed mean with the 95% t-interval of that mean as error bars."""
   from matplotlib.container import BarContainer, ErrorbarContainer
+  from opd_jax.experiments.intervals import T_INTERVAL, t_interval
   figures = _captured_figures(monkeypatch)
   paths = [_write_rows(tmp_path / f"{pair}_{seed}.jsonl", _quantized(seed, pair))
            for pair in ("pair1", "pair2") for seed in range(3)]
@@ -340,19 +341,19 @@ def test_report_draws_magnitudes_as_points_with_seed_spread_and_every_pair(tmp_p
                      (figures["quantization_per_pair.png"], "quantization mismatch per pair")):
     ax = _axis(fig, title)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pair1", "pair2"]
-    assert "min-max over seeds" in ax.get_title() + ax.get_ylabel() + fig.get_suptitle()
+    assert T_INTERVAL in ax.get_title() + ax.get_ylabel() + fig.get_suptitle()
     pair2 = [0.13 * (1 + 0.1 * s) for s in range(3)]
     markers = {round(float(y), 6) for line in ax.get_lines() if not line.get_label().startswith("_")
                for y in line.get_ydata()}  # the series, not the error bars' caps
     assert round(float(np.mean(pair2)), 6) in markers and round(pair2[0], 6) not in markers
     spans = [tuple(seg[:, 1]) for c in ax.containers if isinstance(c, ErrorbarContainer)
              for seg in c.lines[2][0].get_segments()]
-    assert any(np.allclose(span, (min(pair2), max(pair2))) for span in spans)
+    assert any(np.allclose(span, t_interval(pair2)) for span in spans)
   quality = figures["quality_vs_mismatch.png"].axes[0]
   points = [c for c in quality.containers if isinstance(c, ErrorbarContainer)]
   assert len(points) == 2 * 14  # one marker per pair and point (13 + w_int4), not one per seed
   assert all(c.has_yerr and c.has_xerr for c in points)  # every configuration here ran with 3 seeds
-  assert "min-max over seeds" in quality.get_title()
+  assert T_INTERVAL in quality.figure.get_suptitle()
 
 
 def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():

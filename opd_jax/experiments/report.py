@@ -4,7 +4,9 @@ Sections: quality vs mismatch with the budget, mismatch per source (quantization
 per-pair quantization mismatch, per-layer sensitivity, prefix shift, KV-cache capacity, admission validation.
 Each section is drawn from whichever inputs were given; missing inputs are listed, not faked. A panel or section
 the given results hold no runs for says so instead of drawing empty axes, legends list only series that have
-points, and runs of one configuration over several seeds are drawn as their seed mean with min-max error bars.
+points, and runs of one configuration over several seeds are drawn as their seed mean with a 95% t-interval of
+that mean as error bars (a one-seed point has none). Pairs prepared from a real model (REAL_PAIR_QUALITY) measure
+quality on their own task, so their quality losses get a panel of their own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from opd_jax.experiments.files import read_budget, read_json, read_results  # noqa: E402
+from opd_jax.experiments.intervals import T_INTERVAL, t_interval  # noqa: E402
 from opd_jax.experiments.sweep import check_one_objective, fill_deltas  # noqa: E402
 from opd_jax.errors import InputError  # noqa: E402
 from opd_jax.models import shapes  # noqa: E402
@@ -35,8 +38,11 @@ _MARKERS = {"pair1": "o", "pair2": "s", "pair3": "^"}
 _EXTRA_MARKERS = "DvP*Xph<>"  # pairs beyond the embedded three, in sorted order
 _PAIR_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _FILLS = ("full", "none", "left", "bottom", "right", "top")  # run settings (steps, learning rate): most common first
-_FLOOR = 1e-7  # k3 drawn for runs without mismatch (log axes)
-_SPREAD = "points: seed mean; bars: min-max over seeds"
+_FLOOR = 1e-7  # k3 below this is no mismatch (rounding); drawn at the floor on log axes
+_SPREAD = f"points: seed mean; bars: {T_INTERVAL}"
+# Pairs prepared from a real model (configs/sweeps/common.py REAL_PAIRS) -> what their accuracy measures.
+REAL_PAIR_QUALITY = {"smollm2": "capitals accuracy"}
+EMBEDDED_QUALITY = "arithmetic accuracy"  # what every embedded pair's accuracy measures
 _KNOBS = {"noise": ("noise_sigma", "weight noise sigma (relative)"),
           "staleness": ("staleness_steps", "staleness (learner updates)")}
 
@@ -55,7 +61,7 @@ def source_of(row: dict) -> str:
 
 def _save(fig, path: str) -> str:
   fig.tight_layout()
-  fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps legends placed beside the axes
+  fig.savefig(path, format="png", dpi=110, bbox_inches="tight")  # keeps legends placed beside the axes
   plt.close(fig)
   return path
 
@@ -118,16 +124,28 @@ def _pair_styles(rows: list[dict]) -> dict:
           for i, p in enumerate(sorted({r["pair"] for r in rows}))}
 
 
-def _k3(row: dict) -> float:
-  return max(row["mismatch"].get("mismatch/k3", 0.0), _FLOOR)
+def _k3(row: dict, floor: float = _FLOOR) -> float:
+  return max(row["mismatch"].get("mismatch/k3", 0.0), floor)
 
 
-def _stat(values: list[float]) -> tuple[float, float, float]:
-  return float(np.mean(values)), float(np.min(values)), float(np.max(values))
+def _none_at(rows: list[dict]) -> float:
+  """Where to draw runs without mismatch on a log k3 axis: the decade below the smallest mismatch measured, so
+  the axis spans the measured range rather than down to rounding noise."""
+  measured = [r["mismatch"].get("mismatch/k3", 0.0) for r in rows]
+  measured = [k for k in measured if k >= _FLOOR]
+  return 10.0 ** (np.floor(np.log10(min(measured))) - 1) if measured else _FLOOR
 
 
-def _groups(rows: list[dict]) -> list[dict]:
-  """Runs of one configuration grouped over seeds: seed mean, min and max of k3 and of the quality loss
+def _stat(values: list[float], floor: float | None = None) -> tuple[float, float, float]:
+  """(seed mean, low, high): the 95% t-interval of the mean with >= 2 values, (mean, mean) with one; `floor`
+  clips the low end (a magnitude drawn on log axes)."""
+  mean = float(np.mean(values))
+  lo, hi = t_interval(values) if len(values) > 1 else (mean, mean)
+  return mean, lo if floor is None else max(lo, floor), hi
+
+
+def _groups(rows: list[dict], floor: float = _FLOOR) -> list[dict]:
+  """Runs of one configuration grouped over seeds: seed mean and 95% t-interval of k3 and of the quality loss
   (accuracy points vs the baseline of each run's own results file; None where a run has no baseline)."""
   by_config: dict[tuple, list[dict]] = {}
   for row in _unique_runs(rows):
@@ -137,18 +155,18 @@ def _groups(rows: list[dict]) -> list[dict]:
     losses = [-100 * r["delta_final_accuracy"] for r in runs if "delta_final_accuracy" in r]
     out.append({"pair": runs[0]["pair"], "point": runs[0]["point"], "source": source_of(runs[0]),
                 "setting": _setting(runs[0]), "rollout": runs[0].get("rollout", {}), "n": len(runs),
-                "seeds": sorted(r.get("seed", 0) for r in runs), "k3": _stat([_k3(r) for r in runs]),
+                "seeds": sorted(r.get("seed", 0) for r in runs), "k3": _stat([_k3(r, floor) for r in runs], floor),
                 "loss": _stat(losses) if len(losses) == len(runs) else None})
   return out
 
 
 def _bars(stats: list[tuple[float, float, float]]) -> np.ndarray:
-  """(mean, min, max) per point -> matplotlib's asymmetric error bars (clipped at 0 against rounding)."""
+  """(mean, low, high) per point -> matplotlib's asymmetric error bars (clipped at 0 against rounding)."""
   return np.maximum(np.array([[m - lo for m, lo, _ in stats], [hi - m for m, _, hi in stats]]), 0.0)
 
 
 def _draw(ax, xs, groups: list[dict], *, marker: str, color: str, fill: str, label: str, line: str = "") -> None:
-  """Seed means as markers (joined by `line`), with min-max bars on the points that have several seeds."""
+  """Seed means as markers (joined by `line`), with t-interval bars on the points that have several seeds."""
   ys = [g["k3"][0] for g in groups]
   ax.plot(xs, ys, marker=marker, ls=line or "none", color=color, fillstyle=fill, label=label, ms=6)
   spread = [(x, g["k3"]) for x, g in zip(xs, groups) if g["n"] > 1]
@@ -169,24 +187,50 @@ def _label(pair: str, setting: tuple, main: tuple) -> str:
   return pair if setting == main else f"{pair} ({_describe(setting, main)})"
 
 
+def _quality_panels(groups: list[dict]) -> list[tuple[str, str, list[dict]]]:
+  """(title, quality measure, groups) per panel: the embedded pairs on one, each real pair on its own; a panel
+  without points is left out (the embedded one is kept when there is nothing else to draw)."""
+  panels = [("embedded pairs", EMBEDDED_QUALITY, [g for g in groups if g["pair"] not in REAL_PAIR_QUALITY])]
+  panels += [(f"real pair {p}", REAL_PAIR_QUALITY[p], [g for g in groups if g["pair"] == p])
+             for p in sorted({g["pair"] for g in groups} & set(REAL_PAIR_QUALITY))]
+  return [p for p in panels if p[2]] or panels[:1]
+
+
+def _draw_budget(ax, budget: dict, with_tolerance: bool) -> list:
+  """The pooled budget (dashed), its 90% interval and, on the quality measure it was set on, the tolerance."""
+  name = "pooled" if "pooled" in budget["budgets"] else next(iter(budget["budgets"]))
+  b = budget["budgets"][name]
+  horizon = f", {b['steps']}-step runs" if b.get("steps") else ""
+  handles = [ax.axvline(b["budget"], color="#555555", ls="--",
+                        label=f"budget k3 = {b['budget']:.2g} ({name}{horizon})"),
+             ax.axvspan(*b["interval"], color="#999999", alpha=0.2, label="90% interval of the budget")]
+  if with_tolerance:
+    handles.append(ax.axhline(100 * b["tolerance_abs"], color="#999999", lw=0.8, ls=":",
+                              label=f"tolerance ({EMBEDDED_QUALITY})"))
+  return handles
+
+
 def plot_quality_vs_mismatch(rows: list[dict], budget: dict | None, path: str) -> str:
-  fig, ax = plt.subplots(figsize=(8.5, 4.8))
   styles, fills = _pair_styles(rows), _settings(rows)
-  groups = [g for g in _groups(rows) if g["loss"] is not None]
-  for g in groups:
-    kwargs = {"fmt": styles[g["pair"]][0], "color": _COLORS[g["source"]], "fillstyle": fills[g["setting"]], "ms": 6}
-    if g["n"] > 1:
-      kwargs.update(xerr=_bars([g["k3"]]), yerr=_bars([g["loss"]]), elinewidth=0.8, capsize=2)
-    ax.errorbar([g["k3"][0]], [g["loss"][0]], **kwargs)
+  none_at = _none_at(rows)
+  groups = [g for g in _groups(rows, none_at) if g["loss"] is not None]
+  panels = _quality_panels(groups)
+  fig, axes = plt.subplots(1, len(panels), figsize=(9 + 3.5 * (len(panels) - 1), 5), sharex=True,
+                           squeeze=False, gridspec_kw={"width_ratios": [2.5] + [1.0] * (len(panels) - 1)})
   handles = []
-  if budget is not None:
-    name = "pooled" if "pooled" in budget["budgets"] else next(iter(budget["budgets"]))
-    b = budget["budgets"][name]
-    horizon = f", {b['steps']}-step runs" if b.get("steps") else ""
-    handles.append(ax.axvline(b["budget"], color="#555555", ls="--",
-                              label=f"budget k3 = {b['budget']:.2g} ({name}{horizon})"))
-    handles.append(ax.axvspan(*b["interval"], color="#999999", alpha=0.2, label="90% interval"))
-    handles.append(ax.axhline(100 * b["tolerance_abs"], color="#999999", lw=0.8, ls=":", label="tolerance"))
+  for ax, (title, measure, of_panel) in zip(axes[0], panels):
+    for g in of_panel:
+      kwargs = {"fmt": styles[g["pair"]][0], "color": _COLORS[g["source"]], "fillstyle": fills[g["setting"]], "ms": 6}
+      if g["n"] > 1:
+        kwargs.update(xerr=_bars([g["k3"]]), yerr=_bars([g["loss"]]), elinewidth=0.8, capsize=2)
+      ax.errorbar([g["k3"][0]], [g["loss"][0]], **kwargs)
+    if budget is not None:
+      drawn = _draw_budget(ax, budget, with_tolerance=measure == EMBEDDED_QUALITY)
+      handles = handles or drawn
+    ax.set_xscale("log")
+    ax.set_xlabel(f"run-averaged sampler-learner mismatch k3\n(nats/token; {none_at:g} = none)")
+    ax.set_ylabel(f"quality loss vs baseline ({measure} points)")
+    ax.set_title(f"{title}: {measure}", fontsize=10)
   present = {g["source"] for g in groups}
   handles += [Line2D([], [], ls="none", marker="o", color=_COLORS[s], label=s) for s in SOURCES if s in present]
   pairs = sorted({g["pair"] for g in groups})
@@ -195,11 +239,11 @@ def plot_quality_vs_mismatch(rows: list[dict], budget: dict | None, path: str) -
   if len(settings) > 1:  # fill style tells run lengths / learning rates apart
     handles += [Line2D([], [], ls="none", marker="o", color="#777777", fillstyle=fills[s], label=_describe(s))
                 for s in settings]
-  ax.set_xscale("log")
-  ax.set_xlabel("run-averaged sampler-learner mismatch k3 (nats/token; 1e-7 = none)")
-  ax.set_ylabel("quality loss vs baseline (accuracy points)")
-  ax.set_title("OPD quality vs rollout mismatch\n(" + _SPREAD + ", where a configuration has several)", fontsize=10)
-  _legend(ax, handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  if any(g["n"] > 1 for g in groups):
+    handles.append(Line2D([], [], ls="none", marker="|", ms=12, color="#777777",
+                          label=f"bars: {T_INTERVAL}\n(points with >= 2 seeds;\none-seed points have none)"))
+  fig.suptitle("OPD quality vs rollout mismatch (" + _SPREAD + ", where a configuration has several)", fontsize=10)
+  _legend(axes[0][-1], handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
   return _save(fig, path)
 
 
@@ -319,13 +363,20 @@ def _load(path: str | None, what: str, fields: tuple[str, ...]) -> dict | None:
   return data
 
 
-def build(results: list[str], out: str, *, budget: str | None = None, sensitivity: list[str] = (),
-          prefix_shift: str | None = None, validation: str | None = None) -> str:
-  """Writes out/*.png and out/report.html; returns the HTML path."""
-  rows = []  # every input is read and checked before anything is written
+def load_rows(results: list[str]) -> list[dict]:
+  """The finished runs of the given results files (deltas vs each file's own baseline), one per configuration and
+  seed; results that mix objectives are an error."""
+  rows = []
   for path in results:
     rows += [r for r in fill_deltas(read_results(path)) if r.get("status") == "ok"]
   check_one_objective(rows)
+  return _unique_runs(rows)
+
+
+def build(results: list[str], out: str, *, budget: str | None = None, sensitivity: list[str] = (),
+          prefix_shift: str | None = None, validation: str | None = None) -> str:
+  """Writes out/*.png and out/report.html; returns the HTML path."""
+  rows = load_rows(results)  # every input is read and checked before anything is written
   budget_data = read_budget(budget) if budget else None
   sensitivity_data = {path: _load(path, "sensitivity file", ("pair", "precision", "groups", "whole_model"))
                       for path in sensitivity}
@@ -335,7 +386,6 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
     raise InputError(f"--out {out!r} is a file; give a directory for the report")
   os.makedirs(out, exist_ok=True)
   sections, missing, no_data = [], [], []
-  rows = _unique_runs(rows)
   if rows:
     sections.append(("Quality vs mismatch", _img(plot_quality_vs_mismatch(rows, budget_data,
                                                                           os.path.join(out, "quality_vs_mismatch.png")))))
