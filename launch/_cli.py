@@ -76,13 +76,11 @@ def _write_trace(log_dir: str | None) -> str:
   import traceback
   text = traceback.format_exc()
   if log_dir:
+    from opd_jax.experiments.files import write_text
     try:
       os.makedirs(log_dir, exist_ok=True)
-      path = os.path.join(log_dir, "error.log")
-      with open(path + ".tmp", "w") as f:
-        f.write(text)
-      os.replace(path + ".tmp", path)
-      return path
+      write_text(os.path.join(log_dir, "error.log"), text)
+      return os.path.join(log_dir, "error.log")
     except OSError:
       pass
   fd, path = tempfile.mkstemp(prefix="opd_jax_error_", suffix=".log")

@@ -10,12 +10,11 @@ an int8 / fp8 weight recipe adds on top of it.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import jax
 from flax import nnx
 
+from opd_jax.experiments.files import write_json
 from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout.config import RolloutConfig
 
@@ -48,8 +47,5 @@ def measure_floor(config, num_prompts: int = 256, seed: int = 0, recipes=("none"
 
 
 def write_floor(path: str, config, num_prompts: int, rows: list[dict]) -> None:
-  """The rows as one JSON file (pair, prompts, rows), written to a temporary name and renamed."""
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump({"pair": config.pair, "prompts": num_prompts, "rows": rows}, f, indent=1)
-  os.replace(tmp, path)
+  """The rows as one JSON file (pair, prompts, rows), written whole or not at all."""
+  write_json(path, {"pair": config.pair, "prompts": num_prompts, "rows": rows})
