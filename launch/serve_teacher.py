@@ -42,7 +42,7 @@ def serve():
   from opd_jax.models.finite import check_finite
   from opd_jax.models.tokenizer import has_tokenizer
   from opd_jax.serving.server import Scorer, build_app, serve as run_server
-  from opd_jax.train.config_checks import pair_vocab
+  from opd_jax.spec import PairSpec, pair_vocab
   from opd_jax.train.load import load_model
 
   if (_CONFIG.value is None) == (_CHECKPOINT.value is None):
@@ -51,7 +51,7 @@ def serve():
     raise InputError(f"--max_top_k must be >= 0 and --port in 0..65535, got {_MAX_TOP_K.value}, {_PORT.value}")
   if _CONFIG.value is not None:
     config = _CONFIG.value
-    model = load_model(config, "teacher", vocab=pair_vocab(config))
+    model = load_model(PairSpec.from_config(config), "teacher", vocab=pair_vocab(config))
     source, tokenizer_dirs = config.teacher, (config.teacher, config.tokenizer or config.student)
   else:
     model = load_pretrained(_CHECKPOINT.value, _DTYPE.value)

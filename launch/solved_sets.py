@@ -28,7 +28,7 @@ def run():
   from opd_jax.errors import InputError
   from opd_jax.experiments import solved_sets
   from opd_jax.experiments.files import write_json
-  from opd_jax.train.loop import _task
+  from opd_jax.spec import DataSpec
   if _SIZE.value < 1:
     raise InputError(f"--problems={_SIZE.value} must be >= 1")
   runs = {}
@@ -40,7 +40,7 @@ def run():
   if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
     raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
   config, d = _CONFIG.value, _CONFIG.value.data
-  problems = get_problems(d.source, "heldout", _SIZE.value, d.seed, _task(config), d.train_file, d.heldout_file)
+  problems = get_problems(d.source, "heldout", _SIZE.value, d.seed, DataSpec.from_section(config.data).task, d.train_file, d.heldout_file)
   verdicts = {name: solved_sets.solved(path, problems) for name, path in runs.items()}
   result = solved_sets.compare(verdicts, problems)
   for name, r in result["runs"].items():

@@ -103,7 +103,7 @@ def test_workdir_errors(tmp_path):
 def test_sharded_params_export_identical_files(run, tmp_path):
   """Params over 8 devices (fsdp) and on one device write the same bytes; a rerun replaces the old export."""
   graphdef, params = export.restore_params(run, step=1)
-  config = export.read_run_config(run)
+  config = export.read_run_pair(run)
   mesh = shard_lib.make_mesh(1, 8, 1)
   sharded = jax.device_put(params, shard_lib.state_shardings(params, mesh))
   assert any(len(v.sharding.device_set) == 8 and not v.sharding.is_fully_replicated for v in jax.tree.leaves(sharded))
@@ -127,7 +127,7 @@ def test_sharded_params_export_identical_files(run, tmp_path):
 @pytest.mark.slow
 def test_bfloat16_export_and_failed_export_keeps_old(run, tmp_path, monkeypatch):
   graphdef, params = export.restore_params(run)
-  student = export.read_run_config(run).student
+  student = export.read_run_pair(run).student
   out = str(tmp_path / "export")
   export.export_student(graphdef, params, student, out, dtype="bfloat16")
   reloaded = nnx.state(load_pretrained(out, "bfloat16"), nnx.Param)

@@ -7,7 +7,7 @@ import os
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "opd_jax")
 # Lowest first; a module may import its own package and any package of a lower layer.
-LAYERS = [{"errors"}, {"models"}, {"data"}, {"rollout", "objectives"}, {"mismatch", "prepare", "serving"}, {"train"},
+LAYERS = [{"errors"}, {"models"}, {"data"}, {"rollout", "objectives"}, {"mismatch", "prepare", "serving"}, {"spec"}, {"train"},
           {"screening"}, {"planning"}, {"experiments"}, {"bench"}]
 
 
@@ -143,3 +143,24 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
   (package / "experiments" / "b.py").write_text("def f():\n  from opd_jax.experiments import a\n")
   (package / "experiments" / "c.py").write_text("from opd_jax.experiments import a\n")
   assert _cycles(_module_graph(str(package))) == [["opd_jax.experiments.a", "opd_jax.experiments.b"]]
+
+
+def test_no_config_dict_below_the_entry_points():
+  """The training package works on a RunSpec (opd_jax/spec): only its entry point, `loop.train`, accepts a config
+  (and turns it into a spec at once), and `export.read_run_pair` reads a finished run's stored config.json into
+  its pair; nothing else there takes a `config`, builds a part from one or imports ml_collections."""
+  boundary = {("loop.py", "train"), ("export.py", "read_run_pair")}
+  found = []
+  for path in _python_files(os.path.join(PACKAGE, "train")):
+    name = os.path.basename(path)
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (name, node.name) in boundary:
+        continue
+      if "config" in [a.arg for a in node.args.args + node.args.kwonlyargs]:
+        found.append(f"train/{name}: {node.name}(config)")
+      found += [f"train/{name}: {node.name} calls .from_config" for call in ast.walk(node) if isinstance(
+          call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "from_config"]
+    found += [f"train/{name} imports {m}" for m in _imports(path) if m.split(".")[0] == "ml_collections"]
+  assert not found, found

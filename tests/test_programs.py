@@ -100,13 +100,20 @@ def test_the_check_finds_a_captured_weight(run):
   assert large_constants(argument) == []
 
 
+def _spec(config):
+  """The run spec of `config`, checked against Qwen3-0.6B's shape instead of checkpoint files."""
+  from opd_jax.planning import memory_plan as mp
+  from opd_jax.spec import RunSpec
+  shape = mp.resolve_model("qwen3-0.6b", "--student")
+  return RunSpec.from_config(config, device_count=8, models=(shape, shape))
+
+
 @pytest.mark.parametrize("config_file", ["configs/pair1.py", "configs/real/qwen3_1p7b_to_0p6b.py"])
 def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
   """PlanConfig.from_config hands programs.build what the loop hands it for the same config."""
   import importlib.util
   import os
   from opd_jax.planning import memory_plan as mp
-  from opd_jax.train.config_checks import response_group
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location("run_config", os.path.join(root, config_file))
   module = importlib.util.module_from_spec(spec)
@@ -114,11 +121,8 @@ def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
   config = module.get_config()
   shape = mp.resolve_model("qwen3-0.6b", "--student")
   plan = mp.PlanConfig.from_config(config, shape, shape, devices=1, device_memory_bytes=mp.GIB)
-  rollout = RolloutConfig.from_config(config.rollout)
-  objective = ObjectiveConfig(**dict(config.objective))
-  loop = programs.RunSettings.from_config(config, rollout, objective, vocab_size=shape.vocab_size,
-                                          group_size=response_group(rollout, objective),
-                                          eos_ids=shape.eos_token_id, pad_id=0)
+  loop = programs.RunSettings.for_run(_spec(config), vocab_size=shape.vocab_size, eos_ids=shape.eos_token_id,
+                                      pad_id=0)
   # The one deliberate difference: plans are for accelerators, so the planner compiles the sampler's weights as
   # stored; the loop's "auto" layout becomes dense per-layer copies on CPU (rollout.weight_layout).
   assert plan.settings().rollout.weight_layout == "stored"
@@ -156,8 +160,6 @@ def test_logits_chunk_counts_tokens_per_device():
   config.mesh.fsdp = 8
   shape = mp.resolve_model("qwen3-0.6b", "--student")
   plan = mp.PlanConfig.from_config(config, shape, shape, devices=8, device_memory_bytes=mp.GIB)
-  rollout = RolloutConfig.from_config(config.rollout)
-  objective = ObjectiveConfig(**dict(config.objective))
-  loop = programs.RunSettings.from_config(config, rollout, objective, vocab_size=shape.vocab_size, group_size=1,
-                                          eos_ids=shape.eos_token_id, pad_id=0, batch_shards=8)
+  loop = programs.RunSettings.for_run(_spec(config), vocab_size=shape.vocab_size, eos_ids=shape.eos_token_id,
+                                      pad_id=0, batch_shards=8)
   assert loop.logits_chunk == plan.settings().logits_chunk == 8 * config.train.logits_chunk

@@ -13,7 +13,7 @@ from opd_jax.data.problems import load_jsonl
 from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models.tokenizer import encode_prompt
 from opd_jax.train.data import PromptPipeline
-from opd_jax.train.config_checks import check_config
+from opd_jax.spec import RunSpec
 
 VOCAB = 4096
 
@@ -68,7 +68,7 @@ def test_train_config_accepts_the_pair(small_pair):
   config.data.source, config.data.use_chat_template = "jsonl", True
   config.data.train_file, config.data.heldout_file = small_pair["train_file"], small_pair["heldout_file"]
   config.data.max_prompt_tokens, config.train.batch_size = MAX_PROMPT_TOKENS, 8
-  check_config(config, device_count=8)
+  RunSpec.from_config(config, device_count=8)
   tokenizer = load_tokenizer(small_pair["student"])
   batch = next(PromptPipeline(load_jsonl(small_pair["train_file"]), tokenizer, batch_size=8,
                               max_prompt_tokens=MAX_PROMPT_TOKENS, seed=0, use_chat_template=True))
@@ -127,7 +127,7 @@ def test_every_shipped_real_config_has_a_one_device_smoke_form(small_pair):
     assert smoke.train.batch_size < full.train.batch_size and smoke.train.steps < full.train.steps
     for field in ("student_compute_dtype", "teacher_param_dtype", "objective", "model"):
       assert smoke[field] == full[field], field
-    check_config(smoke, device_count=1)
+    RunSpec.from_config(smoke, device_count=1)
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ from opd_jax.rollout.sampler import left_pad
 from opd_jax.serving import protocol
 from opd_jax.serving.client import ServedTeacher
 from opd_jax.serving.protocol import TeacherResponseError
-from opd_jax.train.config_checks import check_served_teacher
+from opd_jax.spec import ServedSpec, Teachers
+from opd_jax.spec.run_spec import served_objective
 from tests import servers
 
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "vllm_completions.json")
@@ -123,20 +124,25 @@ def test_our_server_scores_as_the_process_does(tiny_pair):
 def test_served_teacher_config_checks():
   config = common.base_config("tiny")
   rollout, objective = RolloutConfig(), ObjectiveConfig(name="reverse_kl")
-  assert check_served_teacher(config, rollout, objective, 32) is objective  # no endpoint: in-process
+
+  def check(rollout, objective, vocab_size):
+    return served_objective(Teachers.from_config(config), ServedSpec.from_section(config.served_teacher), rollout,
+                            objective, vocab_size)
+
+  assert check(rollout, objective, 32) is objective  # no endpoint: in-process
   config.teacher_endpoint = "127.0.0.1:8000"
   with pytest.raises(InputError, match="teacher_endpoint='127.0.0.1:8000' is not an http"):
-    check_served_teacher(config, rollout, objective, 32)
+    check(rollout, objective, 32)
   config.teacher_endpoint = "http://127.0.0.1:8000/v1"
-  served = check_served_teacher(config, rollout, objective, 32)  # exact over the wire: the whole vocabulary
+  served = check(rollout, objective, 32)  # exact over the wire: the whole vocabulary
   assert (served.name, served.top_k) == ("reverse_kl_topk", 32)
   with pytest.raises(InputError, match="would send as 151936 log-probs per token"):
-    check_served_teacher(config, rollout, objective, 151936)
+    check(rollout, objective, 151936)
   with pytest.raises(InputError, match="rollout.temperature=0.7 .* set both to 1"):
-    check_served_teacher(config, RolloutConfig(temperature=0.7), ObjectiveConfig(), 32)
+    check(RolloutConfig(temperature=0.7), ObjectiveConfig(), 32)
   config.served_teacher.rows_per_request = 0
   with pytest.raises(InputError, match="served_teacher.rows_per_request must be a positive integer"):
-    check_served_teacher(config, rollout, ObjectiveConfig(), 32)
+    check(rollout, ObjectiveConfig(), 32)
 
 
 def test_an_outage_waits_and_one_past_retry_for_s_stops(tmp_path):

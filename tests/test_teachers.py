@@ -18,8 +18,8 @@ from opd_jax.models import load_pretrained, load_tokenizer
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.sampler import left_pad
 from opd_jax.serving.client import ServedTeacher
+from opd_jax.spec import RunSpec, Teachers
 from opd_jax.train import programs, teachers
-from opd_jax.train.config_checks import check_config
 from opd_jax.train.loop import train
 from tests import servers
 
@@ -47,10 +47,10 @@ def test_routes_follow_the_row_then_the_rules_then_config_teacher(tmp_path):
       {"prompt": "1+2\n"},  # no rule: config.teacher
       {"prompt": "7-1\n", "teacher": "pair3"})))
   config = _config()
-  assert list(teachers.route_problems(config, load_jsonl(str(path)), "training")) == [0, 1, 0, 1]
+  assert list(Teachers.from_config(config).route(load_jsonl(str(path)), "training")) == [0, 1, 0, 1]
   with pytest.raises(InputError, match=r"held-out problem 1 names teacher 'pair9', which is not one of "
                                         r"\['teacher', 'pair3'\]"):
-    teachers.route_problems(config, [Problem("1+2\n", "3"), Problem("1+2\n", "3", teacher="pair9")], "held-out")
+    Teachers.from_config(config).route([Problem("1+2\n", "3"), Problem("1+2\n", "3", teacher="pair9")], "held-out")
   path.write_text(json.dumps({"prompt": "1+2\n", "teacher": 3}))
   with pytest.raises(InputError, match=r"prompts.jsonl:1: 'teacher' must be a teacher's name"):
     load_jsonl(str(path))
@@ -75,7 +75,7 @@ def test_every_row_is_scored_by_its_own_teacher_in_process_or_served():
   host = {"prompt_BxP": prompt, "prompt_valid_BxP": valid}
 
   def routed(served=None):
-    scoring = teachers.RoutedScoring([teachers.RoutedTeacher("pair1", *one), teachers.RoutedTeacher(
+    scoring = teachers.TeacherSet([teachers.RoutedTeacher("pair1", *one), teachers.RoutedTeacher(
         "pair3", *three, served=served)], put_batch=jax.numpy.asarray)
     return scoring.score(host, prompt, valid, response, mask, route)
 
@@ -142,9 +142,9 @@ def test_a_routed_run_logs_per_teacher_metrics_and_two_copies_of_one_teacher_tra
 ])
 def test_multi_teacher_config_mistakes(override, message):
   with pytest.raises(InputError, match=message):
-    check_config(_config(**override))
+    RunSpec.from_config(_config(**override))
 
 
 def test_an_exact_objective_trains_as_top_k_over_a_small_vocabulary():
-  _, objective, _ = check_config(_config())
+  objective = RunSpec.from_config(_config()).objective
   assert (objective.name, objective.top_k) == ("reverse_kl_topk", 32)

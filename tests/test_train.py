@@ -21,7 +21,7 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
 from opd_jax.errors import InputError, TrainingStopped
-from opd_jax.train.config_checks import check_config
+from opd_jax.spec import RunSpec
 from opd_jax.train.loop import train
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.objectives.logprobs import score
@@ -244,7 +244,7 @@ def test_grpo_baseline_trains_on_graded_groups(tiny_pair, tmp_path):
 ])
 def test_config_mistakes_fail_before_compilation(tiny_pair, override, message):
   with pytest.raises(ValueError, match=message):
-    check_config(_config(tiny_pair, **override))
+    RunSpec.from_config(_config(tiny_pair, **override))
 
 
 def test_checkpoint_meta_is_captured_at_save_time(tmp_path):

@@ -171,7 +171,7 @@ class PlanConfig:
     program depends on is read from the run config (opd_jax/train/programs.py builds them alike)."""
     r, t, m, o = config.rollout, config.train, config.mesh, config.objective
     group = o.group_size if o.name == "grpo" else r.samples_per_prompt
-    served = bool(config.teacher_endpoint)  # the loop trains what the served teacher can feed (config_checks)
+    served = bool(config.teacher_endpoint)  # the loop trains what the served teacher can feed (opd_jax/spec)
     objective = ObjectiveConfig(**dict(o))
     objective = objective.over_the_wire(min(teacher.vocab_size, student.vocab_size)) if served else objective
     return cls(teacher=teacher, student=student, batch_size=t.batch_size, prompt_tokens=config.data.max_prompt_tokens,

@@ -25,7 +25,7 @@ from opd_jax.objectives.logprobs import response_hidden, score
 from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
-from opd_jax.train.config_checks import pair_vocab
+from opd_jax.spec import PairSpec, pair_vocab
 from opd_jax.train.load import load_model
 
 
@@ -53,7 +53,8 @@ class Calibration:
     when the config says how, see opd_jax/prepare)."""
     prepare_pair(config)
     vocab = pair_vocab(config)
-    student, teacher = load_model(config, "student", vocab=vocab), load_model(config, "teacher", vocab=vocab)
+    pair = PairSpec.from_config(config)
+    student, teacher = load_model(pair, "student", vocab=vocab), load_model(pair, "teacher", vocab=vocab)
     tokenizer = load_tokenizer(config.tokenizer or config.student)
     d = config.data
     task = ArithmeticTask(d.min_terms, d.max_terms, d.min_digits, d.max_digits)

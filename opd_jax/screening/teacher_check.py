@@ -9,6 +9,7 @@ whose run the preflight would refuse (served_teacher.preflight_max_k3).
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -16,6 +17,7 @@ import jax
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening.calibration import Calibration
+from opd_jax.spec import ServedSpec
 from opd_jax.train import served as served_lib
 from opd_jax.train.programs import teacher_score_program
 
@@ -27,14 +29,14 @@ def served_teacher_mismatch(cal: Calibration, config, seed: int = 0) -> dict | N
   if not config.teacher_endpoint:
     return None
   objective = ObjectiveConfig(**dict(config.objective))
-  client = served_lib.connect(config, objective, cal.vocab_size, cal.tokenizer)
+  served = ServedSpec.from_section(config.served_teacher)
+  client = served_lib.connect(served, config.teacher_endpoint, objective, cal.vocab_size, cal.tokenizer)
   try:
     rollout = RolloutConfig(temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens)
     out = cal.sample(rollout, cal.sampler_state(rollout), jax.random.key(seed))
     batch = types.SimpleNamespace(prompt_BxP=cal.prompt_BxP, prompt_valid_BxP=cal.valid_BxP,
                                   response_BxR=out.tokens_BxN, mask_BxR=out.mask_BxN)
-    warn_only = config.copy_and_resolve_references()  # measured and reported here, not raised
-    warn_only.served_teacher.preflight = "warn"
+    warn_only = dataclasses.replace(served, preflight="warn")  # measured and reported here, not raised
     score = teacher_score_program(cal.teacher_graphdef, objective, config.rollout.temperature, cal.logits_chunk)
     row = served_lib.preflight(warn_only, client, score, cal.teacher_state, batch,
                                warn=lambda message: None)

@@ -24,7 +24,6 @@ import struct
 import tempfile
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -37,6 +36,7 @@ from opd_jax.models.config import read_hf_config
 from opd_jax.models.decoder import Decoder
 from opd_jax.models.hf_io import SUPPORTED_DTYPES, canonical_dtype, hf_name
 from opd_jax.models.tokenizer import TOKENIZER_FILES, has_tokenizer
+from opd_jax.spec import PairSpec
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
@@ -54,7 +54,7 @@ def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_d
   dtype_name = canonical_dtype(dtype)
   out_dir = os.path.abspath(out_dir)
   tokenizer_dir = tokenizer_dir or student_dir
-  config = read_hf_config(student_dir)  # errors name the dir
+  model_config = read_hf_config(student_dir)  # errors name the dir
   for source in {student_dir, tokenizer_dir}:
     if os.path.realpath(source) == os.path.realpath(out_dir):
       raise InputError(f"export dir {out_dir!r} is the student / tokenizer dir it reads from; choose another out dir")
@@ -63,7 +63,7 @@ def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_d
                      "pass the run's tokenizer dir (config.tokenizer)")
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise InputError(f"export dir {out_dir!r} exists and is not a directory; remove it or choose another out dir")
-  tensors = _hf_tensors(graphdef, params, config)
+  tensors = _hf_tensors(graphdef, params, model_config)
   shards = _plan_shards(tensors, np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize, max_shard_bytes)
   writer = jax.process_index() == 0
   tmp = None
@@ -74,7 +74,7 @@ def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_d
     for file, names in shards.items():
       _write_safetensors(os.path.join(tmp, file) if writer else None, [(n, tensors[n]) for n in names], dtype_name)
     if writer:
-      _write_metadata(tmp, shards, tensors, dtype_name, config, student_dir, tokenizer_dir)
+      _write_metadata(tmp, shards, tensors, dtype_name, model_config, student_dir, tokenizer_dir)
       _replace_dir(tmp, out_dir)
       tmp = None
   finally:
@@ -98,11 +98,11 @@ class _Tensor:
     return shape[::-1] if self.transpose else shape
 
 
-def _hf_tensors(graphdef, params, config) -> dict[str, _Tensor]:
-  """HF name -> tensor, sorted by name; shapes checked against `config` in the per-layer view (any storage)."""
+def _hf_tensors(graphdef, params, model_config) -> dict[str, _Tensor]:
+  """HF name -> tensor, sorted by name; shapes checked against `model_config` in the per-layer view (any storage)."""
   state = nnx.state(nnx.merge(graphdef, params), nnx.Param)
   expected = {path: value for path, value in layer_stack.per_layer_flat(
-      nnx.state(nnx.eval_shape(lambda: Decoder(config, scan_layers=False)), nnx.Param))}
+      nnx.state(nnx.eval_shape(lambda: Decoder(model_config, scan_layers=False)), nnx.Param))}
   tensors = {}
   for path, _, value, layer in layer_stack.entries(state):
     dotted = layer_stack.dotted(path)
@@ -174,7 +174,7 @@ def _write_safetensors(path: str | None, tensors: list[tuple[str, _Tensor]], dty
       del host
 
 
-def _write_metadata(tmp: str, shards: dict, tensors: dict, dtype_name: str, config, student_dir: str,
+def _write_metadata(tmp: str, shards: dict, tensors: dict, dtype_name: str, model_config, student_dir: str,
                     tokenizer_dir: str) -> None:
   """config.json, generation_config.json, the shard index (when sharded) and the tokenizer files."""
   if len(shards) > 1:
@@ -191,8 +191,8 @@ def _write_metadata(tmp: str, shards: dict, tensors: dict, dtype_name: str, conf
   if os.path.isfile(generation_file):
     shutil.copyfile(generation_file, os.path.join(tmp, "generation_config.json"))
   else:
-    generation = {"bos_token_id": config.bos_token_id, "pad_token_id": config.pad_token_id,
-                  "eos_token_id": list(config.eos_token_id) or None}
+    generation = {"bos_token_id": model_config.bos_token_id, "pad_token_id": model_config.pad_token_id,
+                  "eos_token_id": list(model_config.eos_token_id) or None}
     _write_json(os.path.join(tmp, "generation_config.json"), {k: v for k, v in generation.items() if v is not None})
   for file in TOKENIZER_FILES:
     if os.path.isfile(os.path.join(tokenizer_dir, file)):
@@ -227,15 +227,15 @@ def _replace_dir(tmp: str, out_dir: str) -> None:
 # --- From a training workdir -------------------------------------------------------------------------------------
 
 
-def read_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's config (workdir/config.json, written by launch/train.py)."""
+def read_run_pair(workdir: str) -> PairSpec:
+  """The run's pair (from workdir/config.json, written by launch/train.py)."""
   if not os.path.isdir(workdir):
     raise InputError(f"workdir {workdir!r} does not exist; pass the --workdir of a launch/train.py run")
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise InputError(f"workdir {workdir!r} has no config.json; pass the --workdir of a launch/train.py run")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return PairSpec.from_config(json.load(f))
 
 
 def _manager(workdir: str) -> ocp.CheckpointManager:
@@ -269,13 +269,13 @@ def restore_params(workdir: str, step: int | None = None):
 
   Only the train state's params are read (an orbax partial restore): no optimizer state, no snapshots.
   """
-  config = read_run_config(workdir)
+  pair = read_run_pair(workdir)
   step = resolve_step(workdir, step)
-  student = read_hf_config(config.student)
+  student = read_hf_config(pair.student)
   abstract = nnx.eval_shape(lambda: Decoder(
-      student, dtype=SUPPORTED_DTYPES[canonical_dtype(config.student_compute_dtype)],
-      param_dtype=SUPPORTED_DTYPES[canonical_dtype(config.student_param_dtype)], attention=config.model.attention,
-      remat=config.model.remat, scan_layers=config.model.scan_layers))
+      student, dtype=SUPPORTED_DTYPES[canonical_dtype(pair.student_compute_dtype)],
+      param_dtype=SUPPORTED_DTYPES[canonical_dtype(pair.student_param_dtype)], attention=pair.model.attention,
+      remat=pair.model.remat, scan_layers=pair.model.scan_layers))
   graphdef, abstract_params = nnx.split(abstract)
   mesh = shard_lib.make_mesh(1, jax.device_count(), 1)
   shardings = shard_lib.state_shardings(abstract_params, mesh)
@@ -292,6 +292,6 @@ def restore_params(workdir: str, step: int | None = None):
 
 def export_from_workdir(workdir: str, out_dir: str, step: int | None = None, *, dtype: str = "float32") -> str:
   """Exports the student of a training run at `step` (default latest) to `out_dir`; returns `out_dir`."""
-  config = read_run_config(workdir)
+  pair = read_run_pair(workdir)
   graphdef, params = restore_params(workdir, step)
-  return export_student(graphdef, params, config.student, out_dir, config.tokenizer or None, dtype=dtype)
+  return export_student(graphdef, params, pair.student, out_dir, pair.tokenizer or None, dtype=dtype)

@@ -6,7 +6,7 @@ train step and the evaluation programs here, from the same settings, so a plan o
 program a run executes. Model and optimizer arrays are arguments of every program (never captured: a captured
 array would become a constant of the executable); tests/test_programs.py lowers each one and checks.
 
-`RunSettings.from_config` reads every setting a program depends on from a run config; `build` returns the
+`RunSettings.for_run` reads every setting a program depends on from a run spec; `build` returns the
 programs for given graph definitions, parameters (arrays or abstract ShapeDtypeStructs) and meshes.
 """
 
@@ -27,6 +27,7 @@ from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.rollout.weight_sync import WeightSync
+from opd_jax.spec import RunSpec
 from opd_jax.train.evaluation import make_kl_fn
 from opd_jax.train.step import train_step
 
@@ -47,16 +48,16 @@ class RunSettings:
   teacher_names: tuple[str, ...] = ()  # multi-teacher runs: the teachers, in route order (per-teacher metrics)
 
   @classmethod
-  def from_config(cls, config, rollout: RolloutConfig, objective: ObjectiveConfig, *, vocab_size: int,
-                  group_size: int, eos_ids: tuple[int, ...], pad_id: int, batch_shards: int = 1) -> "RunSettings":
-    """batch_shards: devices the learner's batch is split over (mesh data x fsdp). config.train.logits_chunk
-    counts tokens per device, so a chunk of the whole batch is batch_shards times that: each device's slice of
-    a chunk stays logits_chunk tokens at any batch size and device count."""
-    t = config.train
-    top_k = vocab_size if t.vocab_metrics_top_k == -1 else t.vocab_metrics_top_k
-    names = (config.routing.teacher_name, *config.teachers.keys()) if len(config.teachers) else ()
-    return cls(rollout, objective, t.logits_chunk * batch_shards, t.micro_batch_size, top_k, group_size,
-               tuple(eos_ids), pad_id, bool(t.eval_sampled), t.eval_weights, tuple(names))
+  def for_run(cls, spec: RunSpec, *, vocab_size: int, eos_ids: tuple[int, ...], pad_id: int,
+              batch_shards: int = 1) -> "RunSettings":
+    """batch_shards: devices the learner's batch is split over (mesh data x fsdp). train.logits_chunk counts
+    tokens per device, so a chunk of the whole batch is batch_shards times that: each device's slice of a chunk
+    stays logits_chunk tokens at any batch size and device count."""
+    t = spec.train
+    names = spec.teachers.names if spec.teachers.multi else ()
+    return cls(spec.rollout, spec.objective, t.logits_chunk * batch_shards, t.micro_batch_size,
+               t.sampler_top_k(vocab_size), spec.group_size, tuple(eos_ids), pad_id, bool(t.eval_sampled),
+               t.eval_weights, tuple(names))
 
 
 def _scoring(graphdef, micro_batch_size: int, mesh: Mesh | None = None, **options):

@@ -29,7 +29,6 @@ import jax
 import numpy as np
 
 from opd_jax.errors import InputError
-from opd_jax.objectives.logprobs import Scores
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler
@@ -50,7 +49,7 @@ class RolloutProducer:
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
                objective: ObjectiveConfig, put_batch, put_sampler_batch=None, learner_rows=None, seed: int,
                logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1,
-               teacher_score=None, student_score=None, served_teacher=None, teachers=None, routes=None):
+               teacher_score=None, student_score=None, teachers=None, routes=None):
     """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
     learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
     sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when
@@ -58,17 +57,15 @@ class RolloutProducer:
     group_size: responses per prompt (the sampler's samples_per_prompt must equal it).
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO).
     teacher_score / student_score: the scoring programs when already built (opd_jax.train.programs builds them
-    either way). served_teacher: an opd_jax.serving.client.ServedTeacher that scores instead of teacher_score (its
-    log-probs and top-k come back through the host onto the learner's batch layout).
-    teachers / routes: a multi-teacher run's opd_jax.train.teachers.RoutedScoring and each training problem's
-    teacher (int [problems]); they score instead of the two above."""
+    either way). teachers / routes: the run's opd_jax.train.teachers.TeacherSet (in process or served) and each
+    training problem's teacher (int [problems]; None with one teacher); they score instead of teacher_score."""
     if sampler.config.samples_per_prompt != group_size:
       raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches "
                        f"come in groups of {group_size}")
     self.rollout, self.sampler, self.put_batch = rollout, sampler, put_batch
     self.put_sampler_batch, self.learner_rows = put_sampler_batch or put_batch, learner_rows
     self.reward_fn, self.group_size = reward_fn, group_size
-    self.teacher_state, self.served_teacher = teacher_state, served_teacher
+    self.teacher_state = teacher_state
     self.teachers, self.routes = teachers, routes
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
@@ -88,15 +85,11 @@ class RolloutProducer:
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
     route_BxN = None
-    if self.teachers is not None:  # each row by its own teacher
-      teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN,
-                                               self.routes[prompts["index_B"]])
-    elif self.served_teacher is None:
+    if self.teachers is not None:  # each row by its own teacher, in this process or over the wire
+      routes = self.routes[prompts["index_B"]] if self.routes is not None else None
+      teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, routes)
+    else:
       teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
-    else:  # over the wire: the host's tokens in, per-token log-probs (and top-k) back onto the learner's rows
-      tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
-      scored = self.served_teacher.score(prompts["prompt_BxP"], prompts["prompt_valid_BxP"], tokens, mask)
-      teacher = Scores(*(None if x is None else self.put_batch(x) for x in (scored[0], None, *scored[1:])))
     snapshot_logp = None
     if "dense" in snapshot:
       snapshot_logp = self._student(snapshot["dense"], prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN).logp_BxR

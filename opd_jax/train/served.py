@@ -1,5 +1,5 @@
-"""The training loop's side of a served teacher (config.teacher_endpoint, opd_jax/serving): connecting, and the
-preflight that compares the served scores of the first batch with config.teacher's own."""
+"""The training loop's side of a served teacher (a teacher's endpoint, opd_jax/serving): connecting, and the
+preflight that compares the served scores of the first batch with the same checkpoint's own in this process."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ import jax.numpy as jnp
 from opd_jax.errors import InputError
 from opd_jax.mismatch.metrics import token_metrics
 from opd_jax.serving.client import ServedTeacher
+from opd_jax.spec import ServedSpec
 from opd_jax.train import distributed
 
 
-def connect(config, objective, vocab_size: int, tokenizer, endpoint: str | None = None):
-  """The served teacher's client (tokenizer checked against the student's), or None for in-process scoring.
-  endpoint: a multi-teacher run's other teacher (default config.teacher_endpoint)."""
-  endpoint = config.teacher_endpoint if endpoint is None else endpoint
+def connect(s: ServedSpec, endpoint: str, objective, vocab_size: int, tokenizer):
+  """The client of the teacher served at `endpoint` (tokenizer checked against the student's), or None for
+  in-process scoring (endpoint "")."""
   if not endpoint:
     return None
-  s = config.served_teacher
   warn = lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)
   served = ServedTeacher(endpoint, vocab_size=vocab_size,
                          top_k=objective.top_k if objective.needs_teacher_topk else 0, model=s.model,
@@ -33,7 +32,7 @@ def connect(config, objective, vocab_size: int, tokenizer, endpoint: str | None 
   return served
 
 
-def preflight(config, served, teacher_score, teacher_state, batch, warn, name: str = "") -> dict:
+def preflight(s: ServedSpec, served, teacher_score, teacher_state, batch, warn, name: str = "") -> dict:
   """k3 of the served teacher's scores of `batch` (the run's first, every row) against its checkpoint's in this
   process, and between two served scorings; refused (InputError) or warned about above
   served_teacher.preflight_max_k3. name: a multi-teacher run's teacher (metrics teachers/<name>/preflight_*;
@@ -53,7 +52,6 @@ def preflight(config, served, teacher_score, teacher_state, batch, warn, name: s
   k3, repeat_k3 = float(served_vs_local["k3"]), float(repeat["k3"])
   row = {prefix + "preflight_k3": k3, prefix + "preflight_max_abs_logp_diff":
          float(served_vs_local["max_abs_logp_diff"]), prefix + "preflight_repeat_k3": repeat_k3}
-  s = config.served_teacher
   if max(k3, repeat_k3) > s.preflight_max_k3:
     message = (f"the served teacher at {served.endpoint} scores the first batch at k3 {k3:.3g} from "
                f"{'teacher ' + repr(name) if name else 'config.teacher'} in this process (and {repeat_k3:.3g} from "

@@ -42,7 +42,7 @@ def sft_loss(params, graphdef, prompt_BxP, prompt_valid_BxP, response_BxR, mask_
   return -jnp.sum(logp_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0)
 
 
-def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
+def train_sft(model, tokenizer, task: ArithmeticTask, sft: SFTConfig,
               log: Callable[[int, float, float], None] | None = None,
               evaluate: Callable[[int, nnx.State], bool] | None = None, eval_every: int = 0) -> int:
   """Trains `model` in place on task solutions; returns the number of steps taken.
@@ -51,9 +51,9 @@ def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
   when given -- returning True stops training there (early stopping at a target accuracy).
   """
   graphdef, params = nnx.split(model)
-  schedule = make_schedule(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-                           total_steps=config.steps, end_lr_fraction=config.end_lr_fraction)
-  optimizer = make_optimizer(schedule, weight_decay=config.weight_decay, grad_clip_norm=config.grad_clip_norm)
+  schedule = make_schedule(learning_rate=sft.learning_rate, warmup_steps=sft.warmup_steps,
+                           total_steps=sft.steps, end_lr_fraction=sft.end_lr_fraction)
+  optimizer = make_optimizer(schedule, weight_decay=sft.weight_decay, grad_clip_norm=sft.grad_clip_norm)
   opt_state = optimizer.init(params)
 
   @jax.jit
@@ -62,15 +62,15 @@ def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  problems = task.problems("train", config.steps * config.batch_size, config.seed)
+  problems = task.problems("train", sft.steps * sft.batch_size, sft.seed)
   t0, losses = time.time(), []
-  for i in range(config.steps):
-    chunk = problems[i * config.batch_size:(i + 1) * config.batch_size]
-    batch = (*encode_prompts(tokenizer, chunk, config.max_prompt_tokens),
-             *encode_solutions(tokenizer, chunk, config.max_response_tokens))
+  for i in range(sft.steps):
+    chunk = problems[i * sft.batch_size:(i + 1) * sft.batch_size]
+    batch = (*encode_prompts(tokenizer, chunk, sft.max_prompt_tokens),
+             *encode_solutions(tokenizer, chunk, sft.max_response_tokens))
     params, opt_state, loss = step(params, opt_state, batch)
     losses.append(loss)
-    if log is not None and ((i + 1) % 100 == 0 or i + 1 == config.steps):
+    if log is not None and ((i + 1) % 100 == 0 or i + 1 == sft.steps):
       log(i + 1, float(np.mean(jax.device_get(losses))), (time.time() - t0) / (i + 1))
       losses = []
     if evaluate is not None and eval_every and (i + 1) % eval_every == 0:
@@ -78,4 +78,4 @@ def train_sft(model, tokenizer, task: ArithmeticTask, config: SFTConfig,
       if evaluate(i + 1, nnx.state(model)):
         return i + 1
   nnx.update(model, params)
-  return config.steps
+  return sft.steps

@@ -1,4 +1,5 @@
-"""Multi-teacher OPD: several teachers, each prompt scored by one of them (config.teachers, config.routing).
+"""The teachers of a run as one set: config.teacher alone (a one-entry set) or several, each prompt scored by one of
+them (config.teachers, config.routing; their specs and checks are in opd_jax/spec/teachers.py).
 
 Legend: B rows, P prompt length, R response length, K top-k, N teachers.
 
@@ -9,9 +10,9 @@ preflighted against it.
 
 Routing: a prompt goes to the teacher its JSONL row names in "teacher"; else to the first of routing.rules
 ((regex, teacher name), ...) whose regex is found in the prompt text; else to config.teacher. Routes are fixed
-per problem before training (`route_problems`), so a resumed run routes alike.
+per problem before training (`opd_jax.spec.Teachers.route`), so a resumed run routes alike.
 
-Scoring (`RoutedScoring`): an in-process teacher scores the whole batch with the rows routed elsewhere masked out
+Scoring (`TeacherSet`): an in-process teacher scores the whole batch with the rows routed elsewhere masked out
 (the batch keeps its shape: one compiled program per teacher whatever the split) and is skipped for a batch
 with none of its rows; a served teacher is sent only its own rows. Each row carries its own teacher's
 log-probs (and top-k). Teachers have heads of their own, so the train step cannot recompute a row's teacher
@@ -25,125 +26,23 @@ the k1 and k3 estimates of KL(student || teacher) over that teacher's tokens and
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from opd_jax.data.task import Problem
-from opd_jax.errors import InputError
 from opd_jax.models import read_hf_config
-from opd_jax.models.tokenizer_compat import PairVocab, check_pair
+from opd_jax.models.tokenizer_compat import check_pair
 from opd_jax.objectives.logprobs import Scores
-from opd_jax.objectives.losses import ObjectiveConfig
-from opd_jax.serving.client import check_endpoint
+from opd_jax.spec import RunSpec
 from opd_jax.train import distributed, programs
 from opd_jax.train import served as served_lib
 from opd_jax.train.evaluation import make_kl_fn
 
-_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
-SMALL_VOCAB = 1024  # largest vocabulary whose exact objective multi-teacher runs train as top-k over all of it
-
-
-@dataclasses.dataclass(frozen=True)
-class TeacherSpec:
-  name: str
-  checkpoint: str  # HF dir (in-process scoring, evaluation, a served teacher's preflight)
-  endpoint: str = ""  # "" = scored in this process; else a served teacher's base URL (.../v1)
-
-
-def teacher_specs(config) -> list[TeacherSpec]:
-  """config.teacher first (as routing.teacher_name), then config.teachers in their order."""
-  specs = [TeacherSpec(config.routing.teacher_name, config.teacher, config.teacher_endpoint)]
-  for name, entry in config.teachers.items():
-    if not hasattr(entry, "keys") or set(entry.keys()) - {"checkpoint", "endpoint"} or "checkpoint" not in entry:
-      raise InputError(f"teachers.{name} must be a dict with 'checkpoint' (an HF dir) and optionally 'endpoint' "
-                       f"(a served teacher's URL); got {entry!r}")
-    specs.append(TeacherSpec(name, entry["checkpoint"], entry.get("endpoint", "") or ""))
-  return specs
-
-
-def is_multi(config) -> bool:
-  return len(config.teachers) > 0
-
-
-def check_teachers(config, objective: ObjectiveConfig, vocab: PairVocab, max_tokens: int) -> ObjectiveConfig:
-  """Config checks of a multi-teacher run (names, checkpoints, endpoints, rules, one vocabulary); returns the
-  objective it trains (see the module docstring). max_tokens: prompt + response tokens every teacher must fit."""
-  if not is_multi(config):
-    if config.routing.rules:
-      raise InputError("routing.rules route prompts between teachers, but config.teachers names no second "
-                       "teacher; add teachers or set routing.rules=()")
-    return objective
-  specs = teacher_specs(config)
-  names = [s.name for s in specs]
-  for name in names:
-    if not _NAME.match(name):
-      raise InputError(f"teacher name {name!r} (routing.teacher_name or a key of config.teachers) may use only "
-                       "letters, digits, '_' and '-'")
-  if len(set(names)) != len(names):
-    raise InputError(f"teacher names must differ; got {names} (routing.teacher_name is config.teacher's)")
-  _rules(config, names)  # each rule compiles and names a teacher
-  for spec in specs[1:]:
-    if spec.endpoint:
-      check_endpoint(spec.endpoint)
-    model = read_hf_config(spec.checkpoint)  # errors name the file
-    if max_tokens > model.max_position_embeddings:
-      raise InputError(f"teacher {spec.name!r}: data.max_prompt_tokens + rollout.max_new_tokens = {max_tokens} "
-                       f"exceeds its max_position_embeddings {model.max_position_embeddings}; shorten one of them")
-    own = check_pair(spec.checkpoint, config.student, model, read_hf_config(config.student),
-                     tokenizer_dir=config.tokenizer or None)
-    if own.vocab_size != vocab.vocab_size:
-      raise InputError(f"teacher {spec.name!r} ({spec.checkpoint}) and the student share {own.vocab_size} tokens, "
-                       f"but config.teacher and the student {vocab.vocab_size}: every teacher must score over one "
-                       "vocabulary")
-  if config.train.eval_teacher_forced:
-    raise InputError("train.eval_teacher_forced is single-teacher for now (whose greedy responses?); set it to "
-                     "False with config.teachers")
-  if objective.needs_teacher_hidden:
-    if vocab.vocab_size > SMALL_VOCAB:
-      raise InputError(f"objective.name={objective.name!r} recomputes the teacher's logits from its hidden states "
-                       "with one teacher's head; with config.teachers use reverse_kl_pg or a *_topk objective")
-    return objective.over_the_wire(vocab.vocab_size)
-  return objective
-
-
-def _rules(config, names: list[str]) -> list[tuple[re.Pattern, int]]:
-  rules = []
-  for i, rule in enumerate(config.routing.rules):
-    if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not all(isinstance(x, str) for x in rule):
-      raise InputError(f"routing.rules[{i}] must be a (regex, teacher name) pair of strings, got {rule!r}")
-    pattern, name = rule
-    if name not in names:
-      raise InputError(f"routing.rules[{i}] routes to teacher {name!r}, which is not one of {names}")
-    try:
-      rules.append((re.compile(pattern), names.index(name)))
-    except re.error as e:
-      raise InputError(f"routing.rules[{i}]: {pattern!r} is not a regular expression ({e})") from None
-  return rules
-
-
-def route_problems(config, problems: list[Problem], what: str) -> np.ndarray:
-  """int32 [len(problems)]: each problem's teacher (an index into teacher_specs(config)); `what` names the set
-  in errors ("training", "held-out")."""
-  names = [s.name for s in teacher_specs(config)]
-  rules = _rules(config, names)
-  routes = np.zeros(len(problems), np.int32)
-  for i, problem in enumerate(problems):
-    if problem.teacher:
-      if problem.teacher not in names:
-        raise InputError(f"{what} problem {i} names teacher {problem.teacher!r}, which is not one of {names} "
-                         "(config.teachers and routing.teacher_name)")
-      routes[i] = names.index(problem.teacher)
-      continue
-    routes[i] = next((n for pattern, n in rules if pattern.search(problem.prompt)), 0)
-  return routes
-
 
 @dataclasses.dataclass
 class RoutedTeacher:
-  """One teacher of a routed run: in-process (state + its scoring program) or served (client)."""
+  """One teacher of the run: in-process (state + its scoring program) or served (client)."""
   name: str
   graphdef: object
   state: object
@@ -152,41 +51,69 @@ class RoutedTeacher:
   kl_fn: object = None  # the evaluation's reverse KL program for this teacher (programs.make_kl_fn)
 
 
-def connect(config, main: RoutedTeacher, *, student_graphdef, settings, objective: ObjectiveConfig, tokenizer,
-            mesh, put_batch, load) -> RoutedScoring:
-  """The routed teachers of a multi-teacher run: `main` (config.teacher, as the loop has it) first, then every
-  entry of config.teachers loaded (load(checkpoint, its PairVocab) -> model) or connected, with its scoring and
-  evaluation-KL programs built by the run's builders."""
-  teachers, student = [main], read_hf_config(config.student)
+def connect(spec: RunSpec, main: RoutedTeacher, *, student_graphdef, settings, tokenizer, mesh, put_batch,
+            load) -> "TeacherSet":
+  """Every teacher of the run: `main` (config.teacher, loaded by the run's setup, with its client when served)
+  first, then every other entry of spec.teachers loaded (load(checkpoint, its PairVocab) -> model) and
+  connected, with its scoring and evaluation-KL programs built by the run's builders."""
+  teachers, student = [main], read_hf_config(spec.pair.student)
   try:
-    for spec in teacher_specs(config)[1:]:
-      vocab = check_pair(spec.checkpoint, config.student, read_hf_config(spec.checkpoint), student,
-                         tokenizer_dir=config.tokenizer or None)
-      graphdef, state = nnx.split(load(spec.checkpoint, vocab))
+    for teacher in spec.teachers.specs[1:]:
+      vocab = check_pair(teacher.checkpoint, spec.pair.student, read_hf_config(teacher.checkpoint), student,
+                         tokenizer_dir=spec.pair.tokenizer or None)
+      graphdef, state = nnx.split(load(teacher.checkpoint, vocab))
       teachers.append(RoutedTeacher(
-          spec.name, graphdef, state,
-          programs.teacher_score_program(graphdef, objective, settings.rollout.temperature, settings.logits_chunk,
-                                         settings.micro_batch_size, mesh),
-          served_lib.connect(config, objective, vocab.vocab_size, tokenizer, endpoint=spec.endpoint),
+          teacher.name, graphdef, state,
+          programs.teacher_score_program(graphdef, spec.objective, settings.rollout.temperature,
+                                         settings.logits_chunk, settings.micro_batch_size, mesh),
+          served_lib.connect(spec.served, teacher.endpoint, spec.objective, vocab.vocab_size, tokenizer),
           make_kl_fn(student_graphdef, graphdef, settings.logits_chunk, "reverse", settings.micro_batch_size,
                      mesh)))
   except BaseException:
-    RoutedScoring(teachers, put_batch).close()
+    TeacherSet(teachers, put_batch).close()
     raise
-  return RoutedScoring(teachers, put_batch)
+  return TeacherSet(teachers, put_batch)
 
 
-class RoutedScoring:
-  """Scores each row of a batch with its own teacher (module docstring)."""
+class TeacherSet:
+  """Scores each row of a batch with its own teacher (module docstring); one teacher scores every row."""
 
   def __init__(self, teachers: list[RoutedTeacher], put_batch):
     self.teachers, self.put_batch = teachers, put_batch
     self.names = tuple(t.name for t in teachers)
 
-  def score(self, host_prompts: dict, prompt_BxP, valid_BxP, tokens_BxN, mask_BxN, route_B: np.ndarray
-            ) -> tuple[Scores, jnp.ndarray]:
-    """(Scores of every row by its teacher, route_BxN: one-hot float32 of each row's teacher)."""
-    route_B = np.asarray(route_B)
+  @property
+  def multi(self) -> bool:
+    return len(self.teachers) > 1
+
+  def prefix(self, teacher: RoutedTeacher) -> str:
+    """Where a teacher's own metrics go: `teacher/` alone, `teachers/<name>/` in a routed run."""
+    return f"teachers/{teacher.name}/" if self.multi else "teacher/"
+
+  @property
+  def served(self) -> list[RoutedTeacher]:
+    return [t for t in self.teachers if t.served is not None]
+
+  def eval_kl(self, heldout_routes: np.ndarray) -> dict:
+    """evaluation.evaluate's KL arguments: the one teacher's program, or each held-out prompt's own teacher."""
+    if not self.multi:
+      return dict(kl_fn=self.teachers[0].kl_fn, teacher_state=self.teachers[0].state)
+    return dict(routes=heldout_routes, teachers_kl=[(t.kl_fn, t.state) for t in self.teachers])
+
+  def score(self, host_prompts: dict, prompt_BxP, valid_BxP, tokens_BxN, mask_BxN, route_B: np.ndarray | None
+            ) -> tuple[Scores, jnp.ndarray | None]:
+    """(Scores of every row by its teacher, route_BxN: one-hot float32 of each row's teacher; None alone)."""
+    if not self.multi:
+      teacher = self.teachers[0]
+      if teacher.served is None:
+        return teacher.score(teacher.state, prompt_BxP, valid_BxP, tokens_BxN, mask_BxN), None
+      # Over the wire: the host's tokens in, per-token log-probs (and top-k) back onto the learner's rows.
+      tokens, mask = distributed.to_host((tokens_BxN, mask_BxN))
+      scored = teacher.served.score(host_prompts["prompt_BxP"], host_prompts["prompt_valid_BxP"], tokens, mask)
+      return Scores(*(None if x is None else self.put_batch(x) for x in (scored[0], None, *scored[1:]))), None
+    return self._routed(host_prompts, prompt_BxP, valid_BxP, tokens_BxN, mask_BxN, np.asarray(route_B))
+
+  def _routed(self, host_prompts: dict, prompt_BxP, valid_BxP, tokens_BxN, mask_BxN, route_B: np.ndarray):
     route_BxN = np.eye(len(self.teachers), dtype=np.float32)[route_B]
     logp_BxR = top_logp_BxRxK = top_ids_BxRxK = None
     host = None
@@ -226,7 +153,7 @@ class RoutedScoring:
     return whole(logp), whole(top_logp), whole(top_ids)
 
   def close(self) -> None:
-    """Closes the other teachers' clients (config.teacher's belongs to the loop)."""
-    for teacher in self.teachers[1:]:
+    """Closes the served teachers' clients."""
+    for teacher in self.teachers:
       if teacher.served is not None:
         teacher.served.close()

@@ -89,3 +89,16 @@ def _read_holder(fd: int) -> str:
     return f"pid {info['pid']} on host {info['host']} (since {info['started']})"
   except (OSError, ValueError, KeyError, TypeError):
     return "another process (it has not recorded its pid yet)"
+
+
+def check_workdir(workdir: str) -> None:
+  """The run directory can be created (or is a directory) and written; checked before anything is written."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise InputError(f"--workdir {workdir!r} is a file; give a directory (new or of this run)")
+  parent = os.path.abspath(workdir)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise InputError(f"--workdir {workdir!r} is under {parent!r}, which is a file; give a directory path")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise InputError(f"--workdir {workdir!r}: {parent!r} is not writable; give a directory you can write to")

@@ -1,0 +1,160 @@
+"""RunSpec: the typed, checked form of a training config.
+
+`RunSpec.from_config(config)` is where a ConfigDict stops: it returns frozen parts (pair, data, train, optimizer,
+mesh, rollout, the objective in the form the run trains, teachers, served-teacher client settings) and runs every
+check that needs no model loaded, each error naming its field and what to do. Nothing below the entry points
+receives a ConfigDict.
+
+It reads the checkpoints' config.json and tokenizer files (to check lengths and the pair's common vocabulary)
+and writes nothing: a config whose pair must first be imported or pruned (`config.prepare`) is prepared by the
+entry point (`opd_jax.prepare.pair.prepare_pair`) before its spec is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from opd_jax.errors import InputError
+from opd_jax.models import read_hf_config
+from opd_jax.models import sharding as shard_lib
+from opd_jax.models.tokenizer_compat import PairVocab, check_pair
+from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.rollout import placement
+from opd_jax.rollout.config import RolloutConfig
+from opd_jax.serving.client import check_endpoint
+from opd_jax.spec.parts import DataSpec, MeshSpec, OptimizerSpec, PairSpec, ServedSpec, TrainSpec
+from opd_jax.spec.teachers import Teachers
+
+FULL_VOCAB_OVER_THE_WIRE = 1024  # largest vocabulary whose whole log-prob vector a served teacher sends per token
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One OPD run, checked (module docstring)."""
+  pair: PairSpec
+  vocab: PairVocab  # the pair's common vocabulary (opd_jax.models.tokenizer_compat)
+  data: DataSpec
+  train: TrainSpec
+  optimizer: OptimizerSpec
+  mesh: MeshSpec
+  rollout: RolloutConfig
+  objective: ObjectiveConfig  # as the run trains it (a served or routed teacher may turn it into its top-k form)
+  teachers: Teachers
+  served: ServedSpec
+  seed: int  # sampling keys and everything random in the run
+  group_size: int  # responses per distinct prompt (grpo's group_size, else rollout.samples_per_prompt)
+  config_json: str  # the config as given, for the run directory's config.json
+
+  @classmethod
+  def from_config(cls, config, device_count: int | None = None, models=None) -> "RunSpec":
+    """device_count: devices the run will have (default: this process's jax.device_count()). models: (teacher,
+    student) ModelConfigs to check against instead of the checkpoints' config.json (planning a run whose
+    checkpoints and data are elsewhere: vocabularies are taken as they are, tokenizers not compared, data files
+    not looked for)."""
+    rollout = RolloutConfig.from_config(config.rollout)
+    objective = ObjectiveConfig(**dict(config.objective))
+    train = TrainSpec.from_section(config.train)
+    if train.mode == "async" and rollout.staleness_steps:
+      raise InputError("rollout.staleness_steps is a sync-mode knob; in async mode staleness comes from the "
+                       "producer running ahead (bounded by train.max_staleness)")
+    data = DataSpec.from_section(config.data, check_files=models is None)
+    optimizer = OptimizerSpec.from_section(config.optimizer)
+    mesh, served = MeshSpec.from_section(config.mesh), ServedSpec.from_section(config.served_teacher)
+    group = response_group(rollout, objective)
+    _check_layout(train, mesh, rollout, group, device_count or jax.device_count())
+    pair = PairSpec.from_config(config)
+    teacher, student = models or (read_hf_config(pair.teacher), read_hf_config(pair.student))  # errors name the file
+    max_tokens = data.max_prompt_tokens + rollout.max_new_tokens
+    for role, model in (("teacher", teacher), ("student", student)):
+      if max_tokens > model.max_position_embeddings:
+        raise InputError(f"data.max_prompt_tokens + rollout.max_new_tokens = {data.max_prompt_tokens} + "
+                         f"{rollout.max_new_tokens} exceeds the {role}'s max_position_embeddings "
+                         f"{model.max_position_embeddings}; shorten one of them")
+    vocab = check_pair(pair.teacher, pair.student, teacher, student, tokenizer_dir=pair.tokenizer or None) \
+        if models is None else PairVocab(min(teacher.vocab_size, student.vocab_size), teacher.vocab_size,
+                                         student.vocab_size, None, False)
+    teachers = Teachers.from_config(config)
+    objective = teachers.check(objective, vocab, max_tokens, student=pair.student, tokenizer=pair.tokenizer,
+                               eval_teacher_forced=train.eval_teacher_forced)
+    objective = served_objective(teachers, served, rollout, objective, vocab.vocab_size)
+    return cls(pair, vocab, data, train, optimizer, mesh, rollout, objective, teachers, served, config.seed, group,
+               config.to_json(indent=2))
+
+  @property
+  def max_tokens(self) -> int:
+    """Prompt + response tokens of one row."""
+    return self.data.max_prompt_tokens + self.rollout.max_new_tokens
+
+
+def response_group(rollout: RolloutConfig, objective: ObjectiveConfig) -> int:
+  """Responses sampled per distinct prompt: grpo's group_size, else rollout.samples_per_prompt."""
+  if objective.prompts_per_batch_divisor > 1:
+    if rollout.samples_per_prompt not in (1, objective.group_size):
+      raise InputError(f"grpo samples every prompt objective.group_size={objective.group_size} times; "
+                       f"rollout.samples_per_prompt={rollout.samples_per_prompt} disagrees (leave it at 1)")
+    return objective.group_size
+  return rollout.samples_per_prompt
+
+
+def served_objective(teachers: Teachers, served: ServedSpec, rollout: RolloutConfig, objective: ObjectiveConfig,
+                     vocab_size: int) -> ObjectiveConfig:
+  """The objective the run trains with: with a served teacher, which sends log-probs of the raw logits and top-k
+  only, to one process, an exact vocabulary objective becomes its top-k form over the whole vocabulary
+  (ObjectiveConfig.over_the_wire), for small vocabularies only. The same checks hold where any teacher of a
+  multi-teacher run is served."""
+  if not teachers.endpoints:
+    return objective
+  for endpoint in teachers.endpoints:
+    check_endpoint(endpoint)
+  if objective.needs_teacher_hidden and vocab_size > FULL_VOCAB_OVER_THE_WIRE:
+    raise InputError(f"objective.name={objective.name!r} needs the teacher's whole distribution, which a served "
+                     f"teacher would send as {vocab_size} log-probs per token (only up to "
+                     f"{FULL_VOCAB_OVER_THE_WIRE}); use reverse_kl_pg or a *_topk objective with a served teacher")
+  if rollout.temperature != 1.0 or (objective.needs_teacher_topk and objective.temperature != 1.0):
+    raise InputError(f"rollout.temperature={rollout.temperature:g} / objective.temperature="
+                     f"{objective.temperature:g}: a served teacher's log-probs are of its raw logits (temperature 1, "
+                     "as vLLM's prompt log-probs are); set both to 1 with config.teacher_endpoint")
+  if jax.process_count() > 1:
+    raise InputError("config.teacher_endpoint is single-process for now (every process would send the whole "
+                     "batch); leave distributed.* unset or score in-process")
+  served.check()
+  return objective.over_the_wire(vocab_size)
+
+
+def _check_layout(train: TrainSpec, mesh: MeshSpec, rollout: RolloutConfig, group: int, device_count: int) -> None:
+  """The batch splits evenly over the learner's and the sampler's meshes, and the run's process layout is one
+  the loop supports."""
+  if train.mode == "async" and jax.process_count() > 1:
+    raise InputError("train.mode='async' samples on a second thread, whose cross-process collectives could "
+                     "interleave differently on each process; use train.mode='sync' for multi-process runs")
+  if rollout.placement == "disaggregated" and jax.process_count() > 1:
+    raise InputError("rollout.placement='disaggregated' is single-process for now (the sampler's devices would "
+                     "belong to some processes only); use rollout.placement='colocated' for multi-process runs")
+  learner_devices, sampler_devices = placement.split_devices(rollout.placement, rollout.devices, range(device_count))
+  data, _, _ = shard_lib.mesh_shape(mesh.data, mesh.fsdp, mesh.tensor, len(learner_devices))
+  if train.batch_size % group:
+    raise InputError(f"train.batch_size={train.batch_size} is not divisible by the {group} responses per prompt "
+                     "(rollout.samples_per_prompt, or grpo's objective.group_size); change one of them")
+  for field in ("batch_size", "eval_batch_size", "micro_batch_size"):
+    if getattr(train, field) % (data * mesh.fsdp):
+      raise InputError(f"train.{field}={getattr(train, field)} is not divisible by the mesh's batch ways "
+                       f"data*fsdp={data}*{mesh.fsdp}; change train.{field} or mesh.data/mesh.fsdp")
+  if len(sampler_devices) % rollout.tensor_parallel:
+    raise InputError(f"rollout.tensor_parallel={rollout.tensor_parallel} does not divide the sampler's "
+                     f"{len(sampler_devices)} devices; change rollout.tensor_parallel or rollout.devices")
+  sampler_rows = len(sampler_devices) // rollout.tensor_parallel
+  if train.batch_size % sampler_rows:
+    raise InputError(f"train.batch_size={train.batch_size} is not divisible by the sampler's batch ways "
+                     f"{sampler_rows} (its devices / rollout.tensor_parallel); change one of them")
+  if train.eval_weights == "sampler" and train.eval_batch_size % sampler_rows:
+    raise InputError(f"train.eval_batch_size={train.eval_batch_size} is not divisible by the sampler's batch ways "
+                     f"{sampler_rows} (train.eval_weights='sampler' decodes there); change one of them")
+
+
+def pair_vocab(config) -> PairVocab:
+  """The pair's common vocabulary, from its tokenizers (see opd_jax.models.tokenizer_compat); errors name the
+  tokens the two tokenizers disagree on. For entry points that need only the pair (serve_teacher, admission)."""
+  return check_pair(config.teacher, config.student, read_hf_config(config.teacher), read_hf_config(config.student),
+                    tokenizer_dir=config.tokenizer or None)
