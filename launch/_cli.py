@@ -92,8 +92,12 @@ def _write_trace(log_dir: str | None) -> str:
 def run(main, required: tuple[str, ...] = ()) -> None:
   """absl's app.run, with flag errors under the contract: an unknown flag, a value of the wrong type, a config
   file that is missing or raises, a `--config.x.y=v` override naming no field, a missing required flag or a
-  stray positional argument is one `error:` line and exit code 2."""
+  stray positional argument is one `error:` line and exit code 2. Also installs the quieting of orbax's abandoned
+  reads after a damaged checkpoint (opd_jax/train/checkpoint/quiet.py), which a library leaves to its host."""
   from absl import app
+
+  from opd_jax.train.checkpoint import quiet
+  quiet.install()
   app.run(main, flags_parser=lambda argv: _parse_flags(argv, required))
 
 

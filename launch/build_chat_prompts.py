@@ -23,6 +23,7 @@ _TEACHER = flags.DEFINE_string("teacher", None, "HF model dir whose known capita
 
 
 def run():
+  from opd_jax import files
   from opd_jax.data import chat_prompts
   if _TEACHER.value:
     from opd_jax.data.task import Problem
@@ -37,9 +38,7 @@ def run():
     with open(path, encoding="utf-8") as f:
       sources = json.load(f)
     sources["teacher_known_capitals"] = known
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump(sources, f, indent=1, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
+    files.write_json(path, sources, indent=1, ensure_ascii=False)
     print(f"the teacher names {len(known)} of {len(questions)} capitals correctly; wrote {path}")
   counts = chat_prompts.write()
   print(f"wrote {counts['train']} training and {counts['heldout']} held-out prompts to {chat_prompts.ASSET_DIR}")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from opd_jax.errors import InputError
-from opd_jax.train.checkpointing import CheckpointMismatch, Checkpointer
+from opd_jax.train.checkpoint.manager import CheckpointMismatch, Checkpointer
 from opd_jax.train.workdir_lock import WorkdirLock
 from tests import checkpoints
 
@@ -252,11 +252,11 @@ def test_abandoned_read_noise_is_dropped_and_nothing_else(caplog):
   """What orbax's abandoned reads of a damaged step leave behind, made for real: an asyncio task and a gather of
   a coroutine named like orbax's that failed and was never awaited (asyncio logs them when collected), and an
   "Event loop is closed" raised by a call into a closed loop, reported through sys.excepthook and through the
-  unraisable hook. Once the restore has quieted them, all of those are dropped; the same failures from a user's
+  unraisable hook. Once quieted (every command installs it, launch/_cli.py), all of those are dropped; the same failures from a user's
   coroutine, and any other exception, still reach the user."""
   import asyncio
   import gc
-  from opd_jax.train import checkpointing
+  from opd_jax.train.checkpoint import quiet
 
   async def async_deserialize():  # orbax's name (orbax/checkpoint/_src/serialization/serialization.py)
     raise ValueError("damaged chunk")
@@ -288,7 +288,7 @@ def test_abandoned_read_noise_is_dropped_and_nothing_else(caplog):
   sys.unraisablehook = seen_unraisable.append
   sys.excepthook = lambda kind, value, traceback: seen_except.append(value)
   try:
-    checkpointing._quiet_abandoned_reads()
+    quiet.install()
     with caplog.at_level("ERROR", logger="asyncio"):
       collect_failed_task(async_deserialize)
       collect_failed_task(user_coroutine)
@@ -306,23 +306,23 @@ def test_abandoned_read_noise_is_dropped_and_nothing_else(caplog):
 
 def test_processes_that_list_different_steps_stop_with_one_line(tmp_path, monkeypatch):
   """What two processes whose workdir is not one shared filesystem see (process 1 lists step 3 only)."""
-  from opd_jax.train import checkpointing
-  monkeypatch.setattr(checkpointing.jax, "process_count", lambda: 2)
-  monkeypatch.setattr(checkpointing, "_gather_texts", lambda text: [text, "3"])
-  checkpointing._check_same_listing([3], str(tmp_path))  # the same steps: nothing to say
+  from opd_jax.train.checkpoint import agreement
+  monkeypatch.setattr(agreement.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(agreement, "gather_texts", lambda text: [text, "3"])
+  agreement.check_same_listing([3], str(tmp_path))  # the same steps: nothing to say
   with pytest.raises(InputError, match=r"the processes of this run see different checkpoint steps in .* "
                                        r"\(process 0: \[3,2,1\]; process 1: \[3\]\); give every process the same "
                                        r"workdir on a shared filesystem") as error:
-    checkpointing._check_same_listing([3, 2, 1], str(tmp_path))
+    agreement.check_same_listing([3, 2, 1], str(tmp_path))
   assert "\n" not in str(error.value)
 
 
 def test_processes_decide_each_step_by_the_worst_finding(monkeypatch):
   """A step one process finds damaged is damaged for all, with that process's reason; a mismatch outranks it."""
-  from opd_jax.train import checkpointing
-  monkeypatch.setattr(checkpointing.jax, "process_count", lambda: 3)
-  monkeypatch.setattr(checkpointing, "_gather_texts", lambda text: [text, "1 arrays/d/x changed", "0 "])
-  assert checkpointing._agree(0, "", "arrays") == (1, "on process 1: arrays/d/x changed", None)
-  assert checkpointing._agree(1, "meta/ is missing", None) == (1, "meta/ is missing", None)  # its own reason
-  monkeypatch.setattr(checkpointing, "_gather_texts", lambda text: [text, "1 x", "2 does not fit"])
-  assert checkpointing._agree(0, "", "arrays") == (2, "on process 2: does not fit", None)
+  from opd_jax.train.checkpoint import agreement
+  monkeypatch.setattr(agreement.jax, "process_count", lambda: 3)
+  monkeypatch.setattr(agreement, "gather_texts", lambda text: [text, "1 arrays/d/x changed", "0 "])
+  assert agreement.agree(0, "", "arrays") == (1, "on process 1: arrays/d/x changed", None)
+  assert agreement.agree(1, "meta/ is missing", None) == (1, "meta/ is missing", None)  # its own reason
+  monkeypatch.setattr(agreement, "gather_texts", lambda text: [text, "1 x", "2 does not fit"])
+  assert agreement.agree(0, "", "arrays") == (2, "on process 2: does not fit", None)

@@ -205,7 +205,7 @@ def test_pruning_keeps_the_same_layers(models):
 
 
 def test_a_checkpoint_of_the_other_storage_is_a_clear_mismatch(models, tmp_path):
-  from opd_jax.train.checkpointing import Checkpointer, CheckpointMismatch
+  from opd_jax.train.checkpoint.manager import Checkpointer, CheckpointMismatch
   stacked, per_layer = (nnx.state(m) for m in models)
   checkpointer = Checkpointer(str(tmp_path / "checkpoints"), keep=1)
   checkpointer.save(1, {"train": per_layer}, {"step": 1})
@@ -224,7 +224,7 @@ def test_a_mixed_recipe_syncs_onto_the_sampler_mesh_and_checkpoints(models, tmp_
   snapshot checkpoint that restores them as they were."""
   from opd_jax.rollout import placement
   from opd_jax.rollout.weight_sync import WeightSync
-  from opd_jax.train.checkpointing import Checkpointer
+  from opd_jax.train.checkpoint.manager import Checkpointer
   rollout = RolloutConfig(weight_rules=((r"^layers\.0\.", "bf16"), ("proj", "fp8")))
   mesh = placement.sampler_mesh(jax.devices()[:4], 2)
   tokens, valid = left_pad([[5, 6, 7], [9], [3, 4, 5, 6, 7], [11, 12]], 0)

@@ -249,7 +249,7 @@ def test_config_mistakes_fail_before_compilation(tiny_pair, override, message):
 
 def test_checkpoint_meta_is_captured_at_save_time(tmp_path):
   """Orbax writes meta on a background thread; the loop keeps appending jax arrays to the list it passed."""
-  from opd_jax.train.checkpointing import Checkpointer
+  from opd_jax.train.checkpoint.manager import Checkpointer
   checkpointer = Checkpointer(str(tmp_path), keep=2)
   pending = []
   checkpointer.save(1, {"w": jnp.zeros(3)}, {"step": 1, "pending_metrics": pending})

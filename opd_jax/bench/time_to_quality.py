@@ -18,11 +18,11 @@ so on a GPU each child has the device's memory to itself.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import multiprocessing
 import os
 
 from opd_jax.experiments.files import read_jsonl
+from opd_jax.files import write_json
 from opd_jax.errors import InputError
 
 PHASES = ("sync_bf16", "async_fp8")
@@ -88,8 +88,5 @@ def run(config, target: float, root: str, eval_every: int) -> dict:
   results["speedup"] = a["train_s"] / b["train_s"] if a["reached"] and b["reached"] else None
   results["devices"] = devices
   results["target"] = target
-  tmp = os.path.join(root, "time_to_quality.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(results, f, indent=2)
-  os.replace(tmp, os.path.join(root, "time_to_quality.json"))
+  write_json(os.path.join(root, "time_to_quality.json"), results)
   return results

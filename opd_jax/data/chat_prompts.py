@@ -24,6 +24,8 @@ import json
 import os
 import random
 
+from opd_jax.files import write_text
+
 ASSET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "chat")
 HELDOUT_SHARE = 0.15  # share of chat subjects whose prompts are held out
 CAPITALS_HELDOUT_SHARE = 0.5  # share of countries whose capital questions are held out
@@ -102,9 +104,7 @@ def write(out_dir: str = ASSET_DIR) -> dict[str, int]:
   counts = {}
   for split, rows in build().items():
     path = os.path.join(out_dir, f"{split}.jsonl")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    os.replace(path + ".tmp", path)
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     counts[split] = len(rows)
   return counts
 

@@ -6,12 +6,12 @@ damage tolerated is the one a crash can cause: the final line of a JSONL file cu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 
 from opd_jax.errors import InputError
+from opd_jax.files import sha256 as file_hash, write_json, write_text  # noqa: F401 (re-exported for the study)
 from opd_jax.mismatch.budget import SCALES
 
 _NUMBER = (int, float)
@@ -20,27 +20,6 @@ RESULT_FIELDS = {"pair": str, "point": str, "status": str}
 OK_RESULT_FIELDS = {"final_accuracy": _NUMBER, "best_accuracy": _NUMBER, "mismatch": dict}
 BUDGET_FIELDS = {"budget": _NUMBER, "interval": list, "bootstrap_budgets": list}
 ADMISSION_K3_FIELDS = {"pair": str, "point": str, "overrides": dict, "admission_k3": _NUMBER}
-
-
-def file_hash(path: str) -> str:
-  """sha256 of a file's bytes (hex): how a results file names the exact inputs it was made from."""
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
-
-
-def write_json(path: str, value) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=2)
-  os.replace(tmp, path)
-
-
-def write_text(path: str, text: str) -> None:
-  """The whole file or nothing: written beside it, then renamed over it."""
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
 
 
 def append_jsonl(path: str, row: dict) -> None:

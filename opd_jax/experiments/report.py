@@ -28,6 +28,7 @@ from opd_jax.experiments.files import read_budget, read_json, read_results  # no
 from opd_jax.experiments.intervals import T_INTERVAL, t_interval  # noqa: E402
 from opd_jax.experiments.sweep import check_one_objective, fill_deltas  # noqa: E402
 from opd_jax.errors import InputError  # noqa: E402
+from opd_jax.files import write_text  # noqa: E402
 from opd_jax.models import shapes  # noqa: E402
 from opd_jax.rollout import memory, precision  # noqa: E402
 
@@ -465,8 +466,5 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
           "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}img{max-width:100%}"
           f"</style></head><body><h1>opd_jax: mismatch budget report</h1>{body}</body></html>")
   path = os.path.join(out, "report.html")
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(page)
-  os.replace(tmp, path)
+  write_text(path, page)
   return path

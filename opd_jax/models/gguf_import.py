@@ -17,7 +17,6 @@ interrupted import leaves nothing at DIR; rerunning on a finished import of the 
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 import importlib.metadata
 import json
@@ -29,6 +28,7 @@ import time
 
 import numpy as np
 
+from opd_jax.files import sha256
 from opd_jax.models.config import CheckpointError, ModelConfig
 from opd_jax.models.gguf_tokenizer import build_tokenizer
 
@@ -64,14 +64,6 @@ def locate(source: str) -> str:
   if not os.path.isfile(path):
     raise CheckpointError(f"package {source!r} lists {files[0]}, but {path} is missing; reinstall the package")
   return path
-
-
-def sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 24), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def _gguf():

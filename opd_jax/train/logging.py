@@ -9,6 +9,8 @@ import sys
 
 from tqdm.auto import tqdm
 
+from opd_jax.files import write_text
+
 
 def _plain(value):
   value = float(value)
@@ -29,10 +31,7 @@ def _truncate_after(path: str, resume_step: int | None) -> None:
       continue  # a line cut by a crash
     if resume_step is not None and row.get("step", 0) <= resume_step:
       keep.append(json.dumps(row, ensure_ascii=False) + "\n")
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(keep)
-  os.replace(tmp, path)
+  write_text(path, "".join(keep))
 
 
 class MetricsWriter:

@@ -14,11 +14,12 @@ import time
 
 import jax
 
+from opd_jax.files import write_text
 from opd_jax.prepare.pair import prepare_pair
 from opd_jax.spec import RunSpec
 from opd_jax.train import distributed
 from opd_jax.train import served as served_lib
-from opd_jax.train.checkpointing import Checkpointer
+from opd_jax.train.checkpoint.manager import Checkpointer
 from opd_jax.train.evaluator import Evaluator
 from opd_jax.train.export import export_student
 from opd_jax.train.interval import Interval
@@ -149,8 +150,4 @@ class _Clock:
 
 
 def _write_run_info(workdir: str, spec: RunSpec) -> None:
-  path = os.path.join(workdir, "config.json")
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(spec.config_json)
-  os.replace(tmp, path)
+  write_text(os.path.join(workdir, "config.json"), spec.config_json)

@@ -19,6 +19,7 @@ from flax import nnx
 from opd_jax.data.char_tokenizer import EOS, PAD, build_char_tokenizer
 from opd_jax.data.task import ArithmeticTask
 from opd_jax.errors import InputError
+from opd_jax.files import write_json
 from opd_jax.models import Decoder, ModelConfig, load_tokenizer, save_pretrained
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.train.evaluation import evaluate
@@ -135,10 +136,7 @@ def build_pair(name: str, out_root: str = ASSETS, roles=("teacher", "student"), 
     save_pretrained(model, os.path.join(pair_dir, role), extra_files=extra)
     log(f"{name} {role}: held-out accuracy {info[role]['heldout_greedy_accuracy']:.3f} "
         f"({info[role]['params']:,} params, {info[role]['train_seconds']:.0f} s)")
-  tmp = info_path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(info, f, indent=2)
-  os.replace(tmp, info_path)
+  write_json(info_path, info)
   for f in os.listdir(tokenizer_dir):
     os.remove(os.path.join(tokenizer_dir, f))
   os.rmdir(tokenizer_dir)

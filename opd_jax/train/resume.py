@@ -15,7 +15,7 @@ import jax
 
 from opd_jax.errors import InputError
 from opd_jax.spec import RunSpec
-from opd_jax.train.checkpointing import Checkpointer
+from opd_jax.train.checkpoint.manager import Checkpointer
 from opd_jax.train.step import TrainState
 from opd_jax.train.versions import WeightVersions
 

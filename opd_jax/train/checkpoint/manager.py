@@ -1,4 +1,4 @@
-"""Orbax checkpoints of a run: train state, snapshot store, data iterator state and run metadata.
+"""Orbax checkpoints of a run: train state, snapshot store and the run metadata (opd_jax/train/resume.py).
 
 Orbax writes each step to a temporary directory (`<step>.orbax-checkpoint-tmp-*`) and renames it when complete,
 so an interrupted save never leaves a checkpoint that restore would pick up; the Checkpointer deletes such
@@ -36,11 +36,12 @@ workdir that is not one shared filesystem) stop the run with one line.
 
 from __future__ import annotations
 
+from __future__ import annotations
+
 import concurrent.futures
 import dataclasses
 import gc
 import json
-import logging
 import os
 import re
 import sys
@@ -53,21 +54,12 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from opd_jax.errors import InputError
-from opd_jax.models.gguf_import import sha256
-
-# Files that every finished step holds (relative to the step directory), whatever the arrays are.
-_REQUIRED_FILES = ("_CHECKPOINT_METADATA", "arrays/_METADATA", "meta/metadata")
-MANIFEST = "checksums.json"  # in the step directory: {"sha256": {relative path: hex digest}} of its other files
-# What each process found in a step, worst last; the run takes the worst over its processes.
-_INTACT, _DAMAGED, _MISMATCH = 0, 1, 2
+from opd_jax.train.checkpoint.agreement import DAMAGED, INTACT, MISMATCH, agree, check_same_listing
+from opd_jax.train.checkpoint.integrity import REQUIRED_FILES, Unreadable, verify_manifest, write_manifest_if_kept
 
 
 class CheckpointMismatch(InputError):
   """A checkpoint that reads back but whose arrays do not fit this run's state (another model or config)."""
-
-
-class _Unreadable(Exception):
-  """A damaged checkpoint step; the message is the short reason."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +103,7 @@ class Checkpointer:
       return
     self._manager.wait_until_finished()
     if jax.process_index() == 0:
-      self._manifests += [self._hashing.submit(_write_manifest_if_kept, os.path.join(self.directory, str(step)))
+      self._manifests += [self._hashing.submit(write_manifest_if_kept, os.path.join(self.directory, str(step)))
                           for step in self._unsealed]
     self._unsealed = []
 
@@ -139,18 +131,16 @@ class Checkpointer:
     """
     skipped = []
     steps = sorted(self._manager.all_steps(), reverse=True)
-    if steps:
-      _quiet_abandoned_reads()
-    _check_same_listing(steps, self.directory)
+    check_same_listing(steps, self.directory)
     for step in steps:
       # Two decisions per step, each taken by all processes together: the files (manifest, metadata), then the
       # arrays (orbax's restore, which every process enters together).
-      status, reason, _ = _agree(*self._check_files(step))
-      if status == _INTACT:
-        status, reason, restored = _agree(*self._read(step, make_abstract))
-      if status == _MISMATCH:
+      status, reason, _ = agree(*self._check_files(step))
+      if status == INTACT:
+        status, reason, restored = agree(*self._read(step, make_abstract))
+      if status == MISMATCH:
         raise CheckpointMismatch(reason)
-      if status == _DAMAGED:
+      if status == DAMAGED:
         skipped.append((step, reason))
         continue
       arrays, meta = restored
@@ -168,31 +158,31 @@ class Checkpointer:
     collectives every process must enter): required files, its share of the checksum manifest."""
     step_dir = os.path.join(self.directory, str(step))
     try:
-      for name in _REQUIRED_FILES:
+      for name in REQUIRED_FILES:
         path = os.path.join(step_dir, name)
         if not os.path.isfile(path):
           item = os.path.dirname(name)  # a whole item directory gone is named as such
-          raise _Unreadable(f"{item}/ is missing" if item and not os.path.isdir(os.path.dirname(path)) else
+          raise Unreadable(f"{item}/ is missing" if item and not os.path.isdir(os.path.dirname(path)) else
                             f"{name} is missing")
       verify_manifest(step_dir, share=(jax.process_index(), jax.process_count()))
-    except _Unreadable as e:
-      return _DAMAGED, str(e), None
-    return _INTACT, "", None
+    except Unreadable as e:
+      return DAMAGED, str(e), None
+    return INTACT, "", None
 
   def _read(self, step: int, make_abstract: Callable[[dict], Any]) -> tuple[int, str, tuple | None]:
     """(status, reason, (arrays, meta)) of reading step through orbax into make_abstract(meta)."""
     try:
-      return _INTACT, "", self._restore_checked(step, make_abstract)
+      return INTACT, "", self._restore_checked(step, make_abstract)
     except CheckpointMismatch as e:
-      return _MISMATCH, str(e), None
-    except _Unreadable as e:
-      return _DAMAGED, str(e), None
+      return MISMATCH, str(e), None
+    except Unreadable as e:
+      return DAMAGED, str(e), None
 
   def _restore_checked(self, step: int, make_abstract: Callable[[dict], Any]):
     step_dir = os.path.join(self.directory, str(step))
     meta = _read("meta: ", step_dir, self.restore_meta, step)
     if not isinstance(meta, dict):
-      raise _Unreadable(f"meta holds a JSON {type(meta).__name__}, not an object")
+      raise Unreadable(f"meta holds a JSON {type(meta).__name__}, not an object")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, make_abstract(meta))
     handler = ocp.StandardCheckpointHandler()
     try:
@@ -236,57 +226,6 @@ class Checkpointer:
     self._wait_for_manifests()
     self._hashing.shutdown()
     self._manager.close()
-
-
-def _step_files(step_dir: str) -> list[str]:
-  """Every file of a step directory but the manifest, as sorted relative paths."""
-  files = []
-  for root, _, names in os.walk(step_dir):
-    files += [os.path.relpath(os.path.join(root, name), step_dir) for name in names]
-  return sorted(f for f in files if f != MANIFEST)
-
-
-def _write_manifest_if_kept(step_dir: str) -> None:
-  """write_manifest, unless max_to_keep removed the step before its turn came (then there is nothing to seal)."""
-  try:
-    write_manifest(step_dir)
-  except FileNotFoundError:
-    if os.path.isdir(step_dir):
-      raise
-
-
-def write_manifest(step_dir: str) -> None:
-  """checksums.json of a finished step (atomically: a temporary file, then a rename)."""
-  manifest = {"sha256": {name: sha256(os.path.join(step_dir, name)) for name in _step_files(step_dir)}}
-  path = os.path.join(step_dir, MANIFEST)
-  with open(path + ".tmp", "w") as f:
-    json.dump(manifest, f, indent=0)
-  os.replace(path + ".tmp", path)
-
-
-def verify_manifest(step_dir: str, share: tuple[int, int] = (0, 1)) -> None:
-  """Raises _Unreadable when a file of the step differs from its manifest (share=(i, n): this process checks
-  the sorted files i, i + n, ...; missing and extra files are checked by every process). No manifest: no
-  check."""
-  path = os.path.join(step_dir, MANIFEST)
-  if not os.path.exists(path):
-    return
-  try:
-    with open(path) as f:
-      expected = json.load(f)["sha256"]
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise _Unreadable(f"{MANIFEST} is unreadable ({type(e).__name__})") from None
-  present = _step_files(step_dir)
-  missing = sorted(set(expected) - set(present))
-  if missing:
-    raise _Unreadable(f"{missing[0]} is missing (listed in {MANIFEST})")
-  extra = sorted(set(present) - set(expected))
-  if extra:
-    raise _Unreadable(f"{extra[0]} is not in {MANIFEST} (a file added after the save)")
-  index, count = share
-  for name in sorted(expected)[index::count]:
-    if sha256(os.path.join(step_dir, name)) != expected[name]:
-      raise _Unreadable(f"{name} does not match its checksum in {MANIFEST} (its bytes changed after the save)")
 
 
 def _differences(stored_tree, abstract) -> list[str]:
@@ -335,7 +274,7 @@ def _short_reason(error: BaseException, step_dir: str) -> str:
 
 
 def _read(what: str, step_dir: str, read: Callable, *args):
-  """read(*args), where any failure (but memory) is damage: _Unreadable with `what` + a one-line reason."""
+  """read(*args), where any failure (but memory) is damage: Unreadable with `what` + a one-line reason."""
   try:
     return read(*args)
   except MemoryError:
@@ -343,106 +282,4 @@ def _read(what: str, step_dir: str, read: Callable, *args):
   except Exception as e:  # noqa: BLE001
     reason = what + _short_reason(e, step_dir)
   gc.collect()  # the failed read's exception, and with it most abandoned reads, before the next step is tried
-  raise _Unreadable(reason)
-
-
-def _quiet_abandoned_reads() -> None:
-  """Silences the tracebacks that orbax's abandoned reads leave after a failed restore; installed before the
-  first restore attempt, as some arrive while the failure is still propagating.
-
-  When one array read fails, orbax abandons the concurrent reads of the other arrays and closes its event loop.
-  Then, in other threads, tensorstore callbacks find the loop closed (a bare "RuntimeError: Event loop is
-  closed" traceback from asyncio's call_soon_threadsafe, through sys.excepthook, or an "Exception ignored"
-  one), each abandoned read raises again when it is garbage collected ("Exception ignored in <coroutine
-  _read_array_index_and_device_put>" with a tensorstore spec dump), and asyncio logs each abandoned read's task
-  or gather ("Task exception was never retrieved", "_GatheringFuture exception was never retrieved"). The
-  reason is already in the warning, so the process's excepthook and unraisable hook drop exactly those (passing
-  everything else to the hooks they wrap), and a filter on the asyncio logger drops the records whose exception
-  orbax's reads raised.
-  """
-  asyncio_logger = logging.getLogger("asyncio")
-  if not any(isinstance(f, _AbandonedReadTasks) for f in asyncio_logger.filters):
-    asyncio_logger.addFilter(_AbandonedReadTasks())
-  if getattr(sys.unraisablehook, "drops_abandoned_reads", False):
-    return
-  previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
-
-  def unraisable_hook(unraisable):
-    abandoned_read = "_read_array_index" in getattr(unraisable.object, "__qualname__", "")
-    if not (abandoned_read or _closed_loop(unraisable.exc_value)):
-      previous_unraisable(unraisable)
-
-  def except_hook(kind, value, traceback):
-    if not _closed_loop(value):
-      previous_except(kind, value, traceback)
-  unraisable_hook.drops_abandoned_reads = True
-  sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
-
-
-def _closed_loop(error) -> bool:
-  """asyncio's "Event loop is closed", raised by a call into a closed loop (what abandoned reads' callbacks do)."""
-  if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
-    return False
-  traceback, names = error.__traceback__, set()
-  while traceback is not None:
-    names.add(traceback.tb_frame.f_code.co_name)
-    traceback = traceback.tb_next
-  return not names or "_check_closed" in names  # no traceback: an unraisable hook's report
-
-
-# orbax's array-read coroutines (orbax/checkpoint/_src/serialization/serialization.py)
-_ORBAX_READS = ("async_deserialize", "_read_and_create_array", "_read_array_index_and_device_put", "_read_shard")
-
-
-class _AbandonedReadTasks(logging.Filter):
-  """Drops asyncio's "... exception was never retrieved" records (of a Task or a gather) whose exception was
-  raised in one of orbax's array reads; every other record passes."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
-      return True
-    error, seen = record.exc_info[1], set()
-    while error is not None and id(error) not in seen:
-      seen.add(id(error))
-      traceback = error.__traceback__
-      while traceback is not None:
-        if traceback.tb_frame.f_code.co_name in _ORBAX_READS:
-          return False
-        traceback = traceback.tb_next
-      error = error.__cause__ or error.__context__
-    return True
-
-
-_TEXT_BYTES = 512  # the length of the texts processes exchange (reasons, step listings), cut to fit
-
-
-def _gather_texts(text: str) -> list[str]:
-  """Every process's `text` (process order), through one all-gather of fixed-length bytes."""
-  from jax.experimental import multihost_utils
-  data = text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
-  gathered = np.asarray(multihost_utils.process_allgather(np.frombuffer(data, np.uint8)))
-  return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in gathered.reshape(-1, _TEXT_BYTES)]
-
-
-def _agree(status: int, reason: str, value):
-  """(status, reason, value) decided by all processes: the worst status over them, with the reason of the
-  first process that has it (named when it is not this one); a single process decides alone."""
-  if jax.process_count() == 1:
-    return status, reason, value
-  found = [(int(t[0]), t[2:]) for t in _gather_texts(f"{status} {reason}")]
-  worst = max(s for s, _ in found)
-  if worst == status:
-    return status, reason, value
-  process, (_, theirs) = next((i, f) for i, f in enumerate(found) if f[0] == worst)
-  return worst, f"on process {process}: {theirs}", None
-
-
-def _check_same_listing(steps: list[int], directory: str) -> None:
-  """Every process must see the same steps; a workdir that is not one shared filesystem would split the run."""
-  if jax.process_count() == 1:
-    return
-  listings = _gather_texts(",".join(map(str, steps)))
-  if len(set(listings)) > 1:
-    seen = "; ".join(f"process {i}: [{listing}]" for i, listing in enumerate(listings))
-    raise InputError(f"the processes of this run see different checkpoint steps in {directory!r} ({seen}); "
-                     "give every process the same workdir on a shared filesystem")
+  raise Unreadable(reason)
