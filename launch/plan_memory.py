@@ -106,6 +106,7 @@ def _tokenizer_dirs() -> list[str]:
 
 def run() -> None:
   from opd_jax.planning import memory_plan as mp
+  from opd_jax.planning import plan_report, step_rss
   # Flags first, files after: the counts given on the command line are checked before any model is read.
   given = {name: flags.FLAGS[name].value for name in _OVERRIDES if flags.FLAGS[name].present}
   mp.check_numbers(device_memory_bytes=_MEMORY.value * mp.GIB, devices=_devices(),
@@ -128,7 +129,7 @@ def run() -> None:
   result = mp.plan_memory(plan, log=log)
   out = result.to_json()
   if _MEASURE.value:
-    out["rss_check"] = mp.measure_train_step_rss(plan)
+    out["rss_check"] = step_rss.measure_train_step_rss(plan)
   if _HOST.value:
     from opd_jax.planning import host_memory
     log("  predicting host RSS: the run's imports and tokenizers, every program compiled at the run's settings")
@@ -138,7 +139,7 @@ def run() -> None:
     return
   print(f"teacher {plan.teacher.model_type} ({plan.teacher.num_params() / 1e6:,.1f}M params) -> student "
         f"{plan.student.model_type} ({plan.student.num_params() / 1e6:,.1f}M params)")
-  print(mp.format_plan(result))
+  print(plan_report.format_plan(result))
   if _HOST.value:
     host = out["host_rss"]
     print(f"host RSS on CPU: {host['peak_bytes'] / 1e9:.2f} GB = runtime {host['runtime_bytes'] / 1e9:.2f} + compile "

@@ -376,7 +376,11 @@ def load_rows(results: list[str]) -> list[dict]:
 
 def build(results: list[str], out: str, *, budget: str | None = None, sensitivity: list[str] = (),
           prefix_shift: str | None = None, validation: str | None = None) -> str:
-  """Writes out/*.png and out/report.html; returns the HTML path."""
+  """Writes out/*.png and out/report.html; returns the HTML path.
+
+  Long because it lays out every section of the report in page order, each a few lines; it leaves the package
+  with the rest of the study (issue 38, item 4).
+  """
   rows = load_rows(results)  # every input is read and checked before anything is written
   budget_data = read_budget(budget) if budget else None
   sensitivity_data = {path: _load(path, "sensitivity file", ("pair", "precision", "groups", "whole_model"))

@@ -133,78 +133,92 @@ def load_pretrained(path: str, dtype=jnp.float32, *, compute_dtype=None,
   abstract = nnx.eval_shape(lambda: Decoder(config, dtype=compute_dtype, param_dtype=param_dtype, **options))
   graphdef, abstract_state = nnx.split(abstract)
   files = _tensor_files(path)
-  used = set()
   leaves = {}
-  with contextlib.ExitStack() as stack:
-    handles = {}
-
-    def open_tensor(name: str, expected: tuple, transpose: bool, rows: int | None = None):
-      """(file, safetensors slice) of `name`, checked for presence, shape and dtype before any data is read."""
-      file = files.get(name)
-      if file is None:
-        raise CheckpointError(f"checkpoint dir {path!r}: tensor {name!r} is missing "
-                              f"(config.json describes a {config.model_type} model that needs it)")
-      want = expected[::-1] if transpose else expected  # the stored layout
-      if rows is not None:
-        want = (stored_vocab, *want[1:])
-      with _readable(os.path.join(path, file)):
-        if file not in handles:
-          handles[file] = stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
-        tensor = handles[file].get_slice(name)
-        stored, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
-      if stored != want:
-        raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has shape {stored}, "
-                              f"expected {want} from config.json")
-      if dtype not in _FLOAT_DTYPES:
-        raise CheckpointError(f"{os.path.join(path, file)}: tensor {name!r} has dtype {dtype}; "
-                              "expected a floating-point tensor")
-      used.add(name)
-      return file, tensor
-
-    def read(name: str, file: str, tensor, transpose: bool, index: tuple | None = None) -> np.ndarray:
-      """The tensor (or the block `index` of it, in our layout) as a contiguous array in the parameter dtype."""
-      with _readable(os.path.join(path, file)):
-        if index is None:
-          array = handles[file].get_tensor(name)
-        else:
-          array = tensor[index[::-1] if transpose else index]
-      return np.ascontiguousarray(array.T if transpose else array).astype(jnp.dtype(param_dtype), copy=False)
-
+  with _TensorReader(path, files, config, stored_vocab, jnp.dtype(param_dtype)) as reader:
     for param_path, variable in nnx.to_flat_state(abstract_state):
       expected = tuple(variable.get_value().shape)
       target = sharding_for(".".join(map(str, param_path)), expected) if sharding_for is not None else None
-      if layer_stack.stacked_path(param_path):  # [L, ...]: layer l is HF's model.layers.l.*
-        per_layer = [(*hf_name(layer_stack.layer_path(param_path, l)),) for l in range(expected[0])]
-        opened = [open_tensor(name, expected[1:], transpose) for name, transpose in per_layer]
-
-        def block(index, per_layer=per_layer, opened=opened):
-          """The [layers, ...] block `index` of the stacked tensor, read layer by layer (only that block)."""
-          layers = range(expected[0])[index[0]] if index else range(expected[0])
-          inner = tuple(index[1:]) if index else tuple(slice(None) for _ in expected[1:])
-          return np.stack([read(per_layer[l][0], *opened[l], per_layer[l][1], inner) for l in layers])
-
-        # each device reads its own shard's block: the host never holds the whole stacked tensor
-        value = (jax.device_put(block(None)) if target is None
-                 else jax.make_array_from_callback(expected, target, block))
-      else:
-        name, transpose = hf_name(param_path)
-        rows = vocab_size if vocab_size is not None and name in _VOCAB_ROWS else None
-        file, tensor = open_tensor(name, expected, transpose, rows)
-        if rows is None:
-          array = read(name, file, tensor, transpose)
-        else:  # read only the first `rows` (stored) rows: the padded rest never touches host memory
-          index = (slice(None), slice(0, rows)) if transpose else (slice(0, rows), slice(None))
-          array = read(name, file, tensor, transpose, index)
-        value = jax.device_put(array, target)  # straight to its shards: never whole on one device first
-        del array
-      leaves[param_path] = value
+      leaves[param_path] = reader.param(param_path, expected, target, vocab_size)
   ignorable = lambda n: _IGNORABLE.match(n) or (n == "lm_head.weight" and config.tie_word_embeddings)
-  unexpected = sorted(n for n in files if n not in used and not ignorable(n))
+  unexpected = sorted(n for n in files if n not in reader.used and not ignorable(n))
   if unexpected:
     raise CheckpointError(f"checkpoint dir {path!r} has tensors config.json does not describe: "
                           f"{', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
   state = nnx.from_flat_state([(p, v.replace(leaves[p])) for p, v in nnx.to_flat_state(abstract_state)])
   return nnx.merge(graphdef, state)
+
+
+class _TensorReader:
+  """The safetensors files of one checkpoint, open while a model is read from them: each tensor checked for
+  presence, shape and dtype before any data is read, then read whole, as a block, or only its first rows."""
+
+  def __init__(self, path: str, files: dict[str, str], config: ModelConfig, stored_vocab: int, dtype):
+    self.path, self.files, self.config, self.stored_vocab, self.dtype = path, files, config, stored_vocab, dtype
+    self.used: set[str] = set()  # tensor names read
+    self._stack, self._handles = contextlib.ExitStack(), {}
+
+  def __enter__(self) -> "_TensorReader":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stack.close()
+
+  def open(self, name: str, expected: tuple, transpose: bool, rows: int | None = None):
+    """(file, safetensors slice) of `name`, checked for presence, shape and dtype before any data is read."""
+    file = self.files.get(name)
+    if file is None:
+      raise CheckpointError(f"checkpoint dir {self.path!r}: tensor {name!r} is missing "
+                            f"(config.json describes a {self.config.model_type} model that needs it)")
+    want = expected[::-1] if transpose else expected  # the stored layout
+    if rows is not None:
+      want = (self.stored_vocab, *want[1:])
+    with _readable(os.path.join(self.path, file)):
+      if file not in self._handles:
+        self._handles[file] = self._stack.enter_context(safe_open(os.path.join(self.path, file), framework="numpy"))
+      tensor = self._handles[file].get_slice(name)
+      stored, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+    if stored != want:
+      raise CheckpointError(f"{os.path.join(self.path, file)}: tensor {name!r} has shape {stored}, "
+                            f"expected {want} from config.json")
+    if dtype not in _FLOAT_DTYPES:
+      raise CheckpointError(f"{os.path.join(self.path, file)}: tensor {name!r} has dtype {dtype}; "
+                            "expected a floating-point tensor")
+    self.used.add(name)
+    return file, tensor
+
+  def read(self, name: str, file: str, tensor, transpose: bool, index: tuple | None = None) -> np.ndarray:
+    """The tensor (or the block `index` of it, in our layout) as a contiguous array in the parameter dtype."""
+    with _readable(os.path.join(self.path, file)):
+      if index is None:
+        array = self._handles[file].get_tensor(name)
+      else:
+        array = tensor[index[::-1] if transpose else index]
+    return np.ascontiguousarray(array.T if transpose else array).astype(self.dtype, copy=False)
+
+  def param(self, param_path: tuple, expected: tuple, target, vocab_size: int | None) -> jax.Array:
+    """One parameter of the Decoder, placed with `target` (a Sharding, or None) as it is read."""
+    if layer_stack.stacked_path(param_path):  # [L, ...]: layer l is HF's model.layers.l.*
+      per_layer = [(*hf_name(layer_stack.layer_path(param_path, l)),) for l in range(expected[0])]
+      opened = [self.open(name, expected[1:], transpose) for name, transpose in per_layer]
+
+      def block(index):
+        """The [layers, ...] block `index` of the stacked tensor, read layer by layer (only that block)."""
+        layers = range(expected[0])[index[0]] if index else range(expected[0])
+        inner = tuple(index[1:]) if index else tuple(slice(None) for _ in expected[1:])
+        return np.stack([self.read(per_layer[l][0], *opened[l], per_layer[l][1], inner) for l in layers])
+
+      # each device reads its own shard's block: the host never holds the whole stacked tensor
+      return (jax.device_put(block(None)) if target is None
+              else jax.make_array_from_callback(expected, target, block))
+    name, transpose = hf_name(param_path)
+    rows = vocab_size if vocab_size is not None and name in _VOCAB_ROWS else None
+    file, tensor = self.open(name, expected, transpose, rows)
+    if rows is None:
+      array = self.read(name, file, tensor, transpose)
+    else:  # read only the first `rows` (stored) rows: the padded rest never touches host memory
+      index = (slice(None), slice(0, rows)) if transpose else (slice(0, rows), slice(None))
+      array = self.read(name, file, tensor, transpose, index)
+    return jax.device_put(array, target)  # straight to its shards: never whole on one device first
 
 
 def param_dtype_of(model: Decoder) -> str:

@@ -38,12 +38,8 @@ Legend: B batch, P prompt tokens, R response tokens, V vocab, K sampler top-k, M
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pickle
 import resource
-import subprocess
-import sys
 import time
 from typing import Callable
 
@@ -494,82 +490,8 @@ def plan_memory(plan: PlanConfig, log: Callable[[str], None] = lambda s: None) -
   return MemoryPlan(plan, memory, totals, resident, used, best, trials, pools, rss_bytes()[1])
 
 
-def format_plan(result: MemoryPlan) -> str:
-  """The human-readable table: per-device sizes per program (GiB, or MiB below 1 GiB of device memory),
-  residents, verdict, largest micro-batch."""
-  p, G = result.plan, result.plan.device_memory_bytes
-  unit, name = (GIB, "GiB") if G >= GIB else (2 ** 20, "MiB")
-  size = lambda n: f"{n / unit:.2f}"
-  data, fsdp, tensor = mesh_shape(-1, p.mesh_fsdp, p.mesh_tensor, p.learner_devices)
-  s_data = p.sampler_devices // p.rollout_tensor
-  lines = [f"B={p.batch_size} P={p.prompt_tokens} R={p.response_tokens}; weights={p.weights}"
-           f"{'+embedding' if p.quantize_embedding else ''} kv_cache={p.kv_cache} staleness={p.staleness_steps} "
-           f"(snapshots on {p.snapshots_on}); learner mesh data={data} fsdp={fsdp} tensor={tensor}; sampler "
-           f"{p.placement} on {p.sampler_devices} device(s), data={s_data} tensor={p.rollout_tensor}; device memory "
-           f"{size(G)} {name}; programs compiled with micro-batch {result.micro_batch_used}",
-           f"{f'program ({name}/device)':<22}{'argument':>10}{'output':>10}{'temp':>10}{'alias':>10}{'peak':>10}"
-           f"{'+resident':>11}{'total':>10}  fits  compile_s"]
-  for program, m in result.programs.items():
-    total = result.totals[program]
-    lines.append(f"{program:<22}{size(m.argument_bytes):>10}{size(m.output_bytes):>10}{size(m.temp_bytes):>10}"
-                 f"{size(m.alias_bytes):>10}{size(m.peak_bytes):>10}{size(total - m.peak_bytes):>11}"
-                 f"{size(total):>10}  {'yes ' if total <= G else 'NO  '}  {m.compile_seconds:9.1f}")
-  lines.append(f"resident between programs ({name}/device of its pool): "
-               + ", ".join(f"{k} {size(v)}" for k, v in result.resident.items()))
-  lines.append(f"sampler weights: {size(result.resident['sampler_weights'])} {name} per sampler device")
-  over = [n for n, t in result.totals.items() if t > G]
-  lines.append(f"verdict: {'FITS' if result.fits else 'DOES NOT FIT'}: max total {size(result.peak_bytes_per_device)}"
-               f" vs {size(G)} {name}" + (f" (over: {', '.join(over)})" if over else ""))
-  tried = ", ".join(f"{m}: {size(t)}" for m, t in sorted(result.micro_batch_totals.items()))
-  lines.append(f"largest micro-batch that fits: {result.micro_batch_size or 'none'} "
-               f"(train-step total {name} by micro-batch: {tried})")
-  return "\n".join(lines)
-
-
-# ---- Check against a real run: predicted vs measured peak RSS of the train step on CPU. ----
-
 def rss_bytes() -> tuple[int, int]:
   """(current, peak) resident set size of this process."""
   with open("/proc/self/statm") as f:
     current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
   return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: ru_maxrss in KiB
-
-
-def _concrete(abstract):
-  """Real arrays (zeros; ones for booleans such as prompt validity) with the abstract shapes and shardings."""
-  return jax.tree.map(lambda a: jnp.ones(a.shape, a.dtype, device=a.sharding) if a.dtype == jnp.bool_
-                      else jnp.zeros(a.shape, a.dtype, device=a.sharding), abstract)
-
-
-def _rss_worker(plan_hex: str) -> None:
-  """Subprocess body: compile the train step, then allocate real arguments and run it once; prints JSON."""
-  plan = pickle.loads(bytes.fromhex(plan_hex))
-  program = build_programs(plan, plan_mesh(plan), plan.micro_batch_size or plan.batch_size)[0]["train_step"]
-  compiled = program.fn.lower(*program.args).compile()
-  before, max_before = rss_bytes()
-  jax.block_until_ready(compiled(*_concrete(program.args)))
-  _, max_after = rss_bytes()
-  print(json.dumps({"measured_bytes": max_after - before, "valid": max_after > max_before}))
-
-
-def measure_train_step_rss(plan: PlanConfig) -> dict:
-  """Predicted train-step peak vs the peak RSS growth of running it on real (zero) arrays in a subprocess.
-
-  The subprocess compiles first, then records its RSS, allocates the arguments and runs the step once; the
-  measurement is the peak RSS after the run minus the RSS before allocating. It is only valid when the run,
-  not compilation, set the process's peak (`valid`); choose a plan whose step needs far more memory than
-  compiling it (large vocab x response, few small layers). Untouched pages of allocated buffers do not count
-  towards RSS, so the measurement can undershoot XLA's buffer sizes.
-  """
-  programs, _ = build_programs(plan, plan_mesh(plan), plan.micro_batch_size or plan.batch_size)
-  predicted = compile_memory(programs["train_step"]).peak_bytes
-  code = f"from opd_jax.planning.memory_plan import _rss_worker; _rss_worker({pickle.dumps(plan).hex()!r})"
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={plan.devices}",
-         "JAX_PLATFORMS": "cpu",
-         "PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-  if result.returncode:
-    raise RuntimeError(f"RSS measurement subprocess failed:\n{result.stderr[-3000:]}")
-  measured = json.loads(result.stdout.strip().splitlines()[-1])
-  return {"predicted_bytes": predicted, "measured_bytes": measured["measured_bytes"], "valid": measured["valid"],
-          "relative_error": (predicted - measured["measured_bytes"]) / max(measured["measured_bytes"], 1)}

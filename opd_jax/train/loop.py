@@ -48,21 +48,10 @@ def train(config, workdir: str) -> dict:
     preflight = _preflight(run, versions)  # a served teacher against its checkpoint, before anything is written
 
     # Everything above only reads; the workdir is created here, after every input was loaded and checked.
-    os.makedirs(workdir, exist_ok=True)
-    stack.enter_context(WorkdirLock(workdir, enabled=distributed.is_main()))  # a second trainer here exits 2
-    # SIGTERM / SIGINT from here on: finish the step in flight, checkpoint it, stop (opd_jax/train/preemption.py).
-    preemption = stack.enter_context(Preemption(processes=jax.process_count()))
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep_checkpoints)
-    stack.callback(checkpointer.close)
+    preemption, checkpointer = _open_workdir(workdir, t.keep_checkpoints, stack)
     resumed = resume(checkpointer, spec, run.state, versions, run.prompts)
     state, start_step = resumed.state, resumed.step or 0
-    writer = MetricsWriter(workdir, resume_step=resumed.step, total_steps=t.steps, progress_bar=t.progress_bar,
-                           enabled=distributed.is_main())
-    stack.callback(writer.close)
-    for teacher in run.teachers.served:
-      teacher.served.warn = writer.warn  # outage warnings above the progress bar
-    if distributed.is_main():
-      _write_run_info(workdir, spec)
+    writer = _open_writer(workdir, run, resumed.step, stack)
     evaluate, final = Evaluator(run, writer), {}
     if start_step == 0:
       final = evaluate(state.params, 0)  # with train.steps = 0 this evaluation is the whole run
@@ -120,6 +109,31 @@ def train(config, workdir: str) -> dict:
   return final
 
 
+def _open_workdir(workdir: str, keep_checkpoints: int, stack: contextlib.ExitStack):
+  """(preemption, checkpointer) of a workdir created and locked here (a second trainer on it exits 2); SIGTERM /
+  SIGINT from here on finish the step in flight, checkpoint it and stop (opd_jax/train/preemption.py)."""
+  os.makedirs(workdir, exist_ok=True)
+  stack.enter_context(WorkdirLock(workdir, enabled=distributed.is_main()))
+  preemption = stack.enter_context(Preemption(processes=jax.process_count()))
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=keep_checkpoints)
+  stack.callback(checkpointer.close)
+  return preemption, checkpointer
+
+
+def _open_writer(workdir: str, run: Run, resume_step: int | None, stack: contextlib.ExitStack) -> MetricsWriter:
+  """metrics.jsonl (cut back to the resumed step), TensorBoard and the progress bar, on process 0; the run's
+  config.json beside them."""
+  t = run.spec.train
+  writer = MetricsWriter(workdir, resume_step=resume_step, total_steps=t.steps, progress_bar=t.progress_bar,
+                         enabled=distributed.is_main())
+  stack.callback(writer.close)
+  for teacher in run.teachers.served:
+    teacher.served.warn = writer.warn  # outage warnings above the progress bar
+  if distributed.is_main():
+    write_text(os.path.join(workdir, "config.json"), run.spec.config_json)
+  return writer
+
+
 def _preflight(run: Run, versions: WeightVersions) -> dict:
   """Each served teacher's scores of the run's first batch against its checkpoint's in this process (the prompt
   pipeline is rewound after; refused before anything is written). {} without one or with preflight 'off'."""
@@ -148,6 +162,3 @@ class _Clock:
   def train_s(self, now: float) -> float:
     return self._before + now - self._start - self._paused
 
-
-def _write_run_info(workdir: str, spec: RunSpec) -> None:
-  write_text(os.path.join(workdir, "config.json"), spec.config_json)

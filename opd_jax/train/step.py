@@ -144,7 +144,18 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   token_count = jnp.sum(mask)
   forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
                               vocab_metrics)
+  loss, aux, grads, per_token = _gradients(forward, objective, state.params, batch, advantage_B, token_count, M)
+  learner_logp_BxR = per_token.pop("learner_logp")
+  new_state, update = _guarded_update(optimizer, objective, state, loss, aux, grads)
+  metrics = _learner_metrics(objective, batch, loss, aux, update, advantage_B, learner_logp_BxR, teacher_names)
+  if mismatch_metrics:
+    metrics.update(_mismatch_metrics(batch, learner_logp_BxR, per_token, is_cap, vocab_metrics))
+  return new_state, metrics
 
+
+def _gradients(forward, objective: ObjectiveConfig, params, batch: RolloutBatch, advantage_B, token_count, M: int):
+  """(loss, aux, grads, per-token values) of the whole batch, M rows at a time (summed; the loss is normalized
+  by the whole batch's token_count, so the sum is the whole batch's loss)."""
   def loss_fn(params, micro: RolloutBatch, micro_advantage_B):
     per_token = forward(params, micro)
     learner_logp_BxR = per_token.pop("logp") * micro.mask_BxR
@@ -155,22 +166,26 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
     return loss, (aux, jax.lax.stop_gradient(per_token))
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if M == B:
-    (loss, (aux, per_token)), grads = grad_fn(state.params, batch, advantage_B)
-  else:
-    micro_batches = split_rows((batch, advantage_B), M)
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    (loss0, (aux0, _)), grads0 = jax.eval_shape(grad_fn, state.params, *first)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, aux0, grads0))
+  if M == batch.mask_BxR.shape[0]:
+    (loss, (aux, per_token)), grads = grad_fn(params, batch, advantage_B)
+    return loss, aux, grads, per_token
+  micro_batches = split_rows((batch, advantage_B), M)
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  (loss0, (aux0, _)), grads0 = jax.eval_shape(grad_fn, params, *first)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, aux0, grads0))
 
-    def accumulate(total, micro):
-      (loss, (aux, per_token)), grads = grad_fn(state.params, *micro)
-      return jax.tree.map(jnp.add, total, (loss, aux, grads)), per_token
+  def accumulate(total, micro):
+    (loss, (aux, per_token)), grads = grad_fn(params, *micro)
+    return jax.tree.map(jnp.add, total, (loss, aux, grads)), per_token
 
-    (loss, aux, grads), per_token = jax.lax.scan(accumulate, zeros, micro_batches)
-    per_token = merge_rows(per_token)
-  learner_logp_BxR = per_token.pop("learner_logp")
+  (loss, aux, grads), per_token = jax.lax.scan(accumulate, zeros, micro_batches)
+  return loss, aux, grads, merge_rows(per_token)
 
+
+def _guarded_update(optimizer: optax.GradientTransformation, objective: ObjectiveConfig, state: TrainState, loss,
+                    aux: dict, grads) -> tuple[TrainState, dict]:
+  """The optimizer's update, applied only when the loss and gradient are finite (and the importance weights'
+  ESS share reaches objective.min_ess); else the state stays as it was. Returns it and what decided."""
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   ess = effective_sample_size(aux)
@@ -181,20 +196,26 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)
   new_state = TrainState(keep(new_params, state.params), keep(new_opt_state, state.opt_state),
                          state.step + apply.astype(jnp.int32))
+  return new_state, {"grad_norm": grad_norm, "finite": finite, "ess": ess, "apply": apply}
 
+
+def _learner_metrics(objective: ObjectiveConfig, batch: RolloutBatch, loss, aux: dict, update: dict, advantage_B,
+                     learner_logp_BxR, teacher_names: tuple[str, ...]) -> dict:
+  """The step's loss, update and OPD metrics (and per teacher, in a routed run)."""
+  mask = batch.mask_BxR
   metrics = {
       "loss": loss,
-      "grad_norm": grad_norm,
-      "skipped": 1.0 - finite.astype(jnp.float32),  # non-finite (the loop stops after max_skipped_steps)
-      "response_tokens": jnp.sum(mask) / B,
+      "grad_norm": update["grad_norm"],
+      "skipped": 1.0 - update["finite"].astype(jnp.float32),  # non-finite (the loop stops after max_skipped_steps)
+      "response_tokens": jnp.sum(mask) / mask.shape[0],
       # k1 estimate of KL(student || teacher) on the student's own samples: what OPD minimizes.
       "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
       **{f"opd/{k}": v for k, v in aux.items()},
   }
-  if ess is not None:
-    metrics["opd/is_ess"] = ess
+  if update["ess"] is not None:
+    metrics["opd/is_ess"] = update["ess"]
     if objective.min_ess:
-      metrics["skipped_low_ess"] = (finite & ~apply).astype(jnp.float32)
+      metrics["skipped_low_ess"] = (update["finite"] & ~update["apply"]).astype(jnp.float32)
   if objective.name == "grpo" and advantage_B is not None:
     metrics["opd/zero_advantage_fraction"] = jnp.mean((jnp.abs(advantage_B) < 1e-3).astype(jnp.float32))
   if batch.reward_B is not None:
@@ -202,9 +223,15 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   if batch.teacher_route_BxN is not None:
     metrics.update(_per_teacher(teacher_names, learner_logp_BxR, batch.teacher_logp_BxR, mask,
                                 batch.teacher_route_BxN))
-  if not mismatch_metrics:
-    return new_state, metrics
-  metrics.update(_prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)))
+  return metrics
+
+
+def _mismatch_metrics(batch: RolloutBatch, learner_logp_BxR, per_token: dict, is_cap: float,
+                      vocab_metrics: bool) -> dict:
+  """Sampler against learner on the one scale: per token, over the vocabulary (the sampler's top-k), and split
+  into precision and staleness factors where the batch carries the dense snapshot's log-probs."""
+  mask = batch.mask_BxR
+  metrics = _prefixed("mismatch", token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, mask, is_cap))
   if vocab_metrics:
     metrics.update(_prefixed("mismatch_vocab", token_mean(
         {k.removeprefix("vocab/"): v for k, v in per_token.items() if k.startswith("vocab/")}, mask)))
@@ -213,4 +240,4 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
     staleness = token_metrics(learner_logp_BxR, batch.snapshot_logp_BxR, mask, is_cap)
     metrics.update({"mismatch_split/precision_k3": precision["k3"], "mismatch_split/staleness_k3": staleness["k3"],
                     "mismatch_split/precision_k1": precision["k1"], "mismatch_split/staleness_k1": staleness["k1"]})
-  return new_state, metrics
+  return metrics
