@@ -202,7 +202,7 @@ def _shipped_verdict(row: dict, budget: dict, steps: int) -> dict:
   return admission.admit({"k3": row["measured"]}, budget, row["pair"], steps)
 
 
-@pytest.mark.parametrize("name", ["validation.json", "validation_pairs.json"])
+@pytest.mark.parametrize("name", ["validation.json", "validation_pairs.json", "validation_heldout.json"])
 def test_admit_py_and_the_validation_tables_agree_configuration_by_configuration(name):
   """Every validation verdict is the shipped tool's: launch/admit.py's path (read_budget, then admission.admit at
   the config's train.steps, its default, and at the run's own length) with results/budget.json, the file the

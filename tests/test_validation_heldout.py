@@ -215,3 +215,26 @@ def test_the_calibration_constant_is_the_best_threshold_on_calibration_points(bu
   score = lambda t: sum((v <= t) == ok for v, ok in points)
   assert fitted["n"] == len(points) == 21 and score(fitted["threshold"]) == fitted["agreed"]
   assert all(score(10 ** (e / 100)) <= fitted["agreed"] for e in range(-500, 200))
+
+
+def test_the_judged_losses_are_the_shipped_runs():
+  """results/validation_heldout.json's per-seed quality losses and run k3 recomputed from the sweep's own files:
+  each point's finished row against the baseline of its pair and seed (a preempted attempt left a row with an
+  error, followed by the resumed run's); every selected configuration is judged with all three seeds."""
+  validation = read_json(os.path.join(REPO, "results", "validation_heldout.json"), "validation file")
+  finished = {}
+  for path, rows in _validation_rows().items():
+    for r in rows:
+      if r.get("status") == "ok":
+        finished[(r["pair"], r["point"], r["seed"])] = r
+  judged = set()
+  for row in validation["rows"]:
+    assert [s["seed"] for s in row["seeds"]] == list(heldout.SEEDS), row["point"]
+    for s in row["seeds"]:
+      run, base = finished[(row["pair"], row["point"], s["seed"])], finished[(row["pair"], "baseline", s["seed"])]
+      assert s["final_accuracy"] == run["final_accuracy"]
+      assert s["quality_loss"] == pytest.approx(base["final_accuracy"] - run["final_accuracy"], abs=1e-12)
+      assert s["run_k3"] == pytest.approx(run["mismatch"]["mismatch/k3"], rel=1e-12)
+    judged.add((row["pair"], row["point"]))
+  selected = read_json(os.path.join(OUT, "selected.json"), "selection")
+  assert judged == {(pair, p["name"]) for pair, points in selected["points"].items() for p in points}
