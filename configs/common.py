@@ -201,7 +201,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.export_dtype = "float32"
 
   c.distributed = ml_collections.ConfigDict()  # multi-process runs (opd_jax/train/distributed.py)
-  c.distributed.coordinator = ""  # "" = one process; "host:port" of process 0; "auto" = TPU pod / SLURM detection
+  # "" = one process; "host:port" of process 0; "auto" = TPU pod / SLURM detection; "jobset" = a pod of the GKE
+  # JobSet launch/gke_launch.py renders (coordinator, processes and this pod's index from its environment)
+  c.distributed.coordinator = ""
   c.distributed.num_processes = 1  # with an explicit coordinator: processes in the run
   c.distributed.process_id = 0  # with an explicit coordinator: this process, 0 .. num_processes - 1
 

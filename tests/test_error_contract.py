@@ -209,6 +209,13 @@ CASES = [
     ("build_chat_prompts_teacher", "launch/build_chat_prompts.py", "--teacher={d}/none", "does not exist"),
     ("train_real_missing_package", "launch/train.py", "--config=configs/smollm2.py:runlocal", "--workdir={d}/run",
      "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models", "is not installed"),
+    # gke_launch.py: the manifest's settings, before anything is rendered or submitted
+    ("gke_accelerator", "launch/gke_launch.py", "--name=run", "--accelerator=tpu-v4-8", "--image=i",
+     "--config=configs/pair1.py", "--bucket=b", "--workdir=/gcs/b/run", "--dry_run", "--accelerator='tpu-v4-8'"),
+    ("gke_workdir_unshared", "launch/gke_launch.py", "--name=run", "--accelerator=tpu-v6e-8", "--image=i",
+     "--config=configs/pair1.py", "--bucket=b", "--workdir=/tmp/run", "--dry_run", "is not under /gcs/b/"),
+    ("gke_gpu_nodes", "launch/gke_launch.py", "--name=run", "--accelerator=nvidia-h100-80gb:8", "--image=i",
+     "--config=configs/pair1.py", "--bucket=b", "--workdir=/gcs/b/run", "--dry_run", "--nodes must be >= 1"),
 ]
 
 

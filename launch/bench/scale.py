@@ -2,7 +2,8 @@
 
   python launch/bench/scale.py [--batch=32] [--response_tokens=512] [--steps=2]
       [--objectives=reverse_kl_pg,reverse_kl,forward_kl_topk] [--extra="--config.train.micro_batch_size=8 ..."]
-      [--root=DIR] [--max_rss_gb=12] [--predict]
+      [--root=DIR] [--max_rss_gb=12] [--predict [--out=results/host_rss.jsonl --name=scale]]
+      [--config=configs/real/qwen3_1p7b_to_0p6b.py]   # the shipped real config, shapes overridden only
 
 Builds (or reuses, from --root) the random Qwen3-shaped pair of opd_jax/bench/scale_pair.py, then runs
 launch/train.py on it once per objective in a child process, and prints a table: objective | peak RSS GB |
@@ -45,6 +46,8 @@ _CONFIG = flags.DEFINE_string("config", "configs/pair1.py", "Base config file (a
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs' workdirs go (default: <root>/runs).")
 _OUT = flags.DEFINE_string("out", "", "With --predict: a JSONL file to keep one row per finished objective in "
                            "(scale_<objective>: prediction, measured peak RSS, wall), e.g. results/host_rss.jsonl.")
+_NAME = flags.DEFINE_string("name", "scale", "With --out: rows are named <name>_<objective> (a row of that name is "
+                            "replaced).")
 _PREDICT = flags.DEFINE_bool("predict", False, "Also run launch/plan_memory.py --host_rss on each run's exact "
                              "config and print the predicted peak RSS next to the measured one.")
 
@@ -114,7 +117,7 @@ def main(argv):
       result["predicted"] = host_rss.predict_host_rss(os.path.join(REPO, "launch", "plan_memory.py"),
                                                       [arg for arg in cmd if arg.startswith("--config")], env)
       if _OUT.value and not result["exit"]:
-        host_rss.write_row(_OUT.value, {"name": f"scale_{objective}", "command": "python " + shlex.join(sys.argv),
+        host_rss.write_row(_OUT.value, {"name": f"{_NAME.value}_{objective}", "command": "python " + shlex.join(sys.argv),
             "predicted": result["predicted"], **{k: result[k] for k in ("peak_rss_bytes", "wall_s", "exit")}})
       print(f"[{objective}] predicted {json.dumps(result['predicted'])}", file=sys.stderr, flush=True)
     results.append((objective, result))

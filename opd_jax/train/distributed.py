@@ -10,17 +10,21 @@ processes together, each its own shards, into a directory they all see (a shared
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from opd_jax.cluster import jobset
 from opd_jax.errors import InputError
 
 
-def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
+def initialize(coordinator: str, num_processes: int, process_id: int, environ=None) -> None:
   """Joins this process to the run. coordinator: "" = single process; "auto" = let jax.distributed detect
-  the cluster (Cloud TPU pod slices, SLURM, ...); "host:port" = process 0's address, with explicit counts.
-  Must run before anything touches a JAX device."""
+  the cluster (Cloud TPU pod slices, SLURM, ...); "jobset" = a pod of the GKE JobSet launch/gke_launch.py made,
+  everything read from its environment (opd_jax/cluster/jobset.py; `environ`, default os.environ); "host:port"
+  = process 0's address, with explicit counts. Must run before anything touches a JAX device."""
   if not coordinator:
     if num_processes != 1:
       raise InputError(f"distributed.num_processes={num_processes} needs distributed.coordinator (host:port of "
@@ -29,6 +33,8 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
   if coordinator == "auto":
     jax.distributed.initialize()
     return
+  if coordinator == "jobset":
+    coordinator, num_processes, process_id = jobset.jobset_environment(os.environ if environ is None else environ)
   if num_processes < 2 or not 0 <= process_id < num_processes:
     raise InputError(f"distributed: need num_processes >= 2 and 0 <= process_id < num_processes, got "
                      f"num_processes={num_processes}, process_id={process_id}")

@@ -1,0 +1,1 @@
+"""Cluster launchers' shared parts: the GKE JobSet of a run (jobset.py)."""
