@@ -14,11 +14,8 @@ instead. Logged per teacher: its tokens, and the k1 / k3 estimates of KL(student
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for configs.common
-
-from configs import common  # noqa: E402
+from configs import common
 
 
 def get_config(arg=None):

@@ -9,12 +9,7 @@ Real checkpoints:      start from configs/real/*.py (every real-scale setting, w
                        python launch/plan_memory.py --config=configs/real/qwen3_1p7b_to_0p6b.py)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for configs.common
-
-from configs import common  # noqa: E402
+from configs import common
 
 
 def get_config(arg=None):

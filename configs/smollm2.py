@@ -15,13 +15,10 @@ important layers removed (launch/prune.py), so it starts clearly worse and OPD r
 """
 
 import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, for configs.common
-
-from configs import common  # noqa: E402
+from configs import common
 
 CHAT = os.path.join(common.ASSETS, "chat")
 

@@ -8,14 +8,9 @@ launch/admit.py measures a candidate (the same prompts and seed defaults). Then
 `launch/calibrate.py ... --admission_k3=results/admission_k3.jsonl` carries the conversion.
 """
 
-import os
-import sys
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _RESULTS = flags.DEFINE_multi_string("results", None, "Calibration sweep results.jsonl files.")
 _OUT = flags.DEFINE_string("out", "admission_k3.jsonl", "JSONL file to write (one row per configuration).")

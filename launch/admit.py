@@ -18,17 +18,14 @@ Exit code: 0 admit (with --candidates: at least one admitted), 1 reject (none), 
 """
 
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py.")

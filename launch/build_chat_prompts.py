@@ -11,13 +11,10 @@ configs/smollm2.py prepares it. Exit code 2 on bad input (one `error:` line).
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _TEACHER = flags.DEFINE_string("teacher", None, "HF model dir whose known capitals decide which questions are graded.")
 

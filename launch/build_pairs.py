@@ -4,14 +4,9 @@ Deterministic (seeded init, data and XLA CPU numerics); overwrites opd_jax/asset
 build_info.json with the measured held-out accuracies. docs/study.md lists the run time on 2 CPU cores.
 """
 
-import os
-import sys
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _PAIRS = flags.DEFINE_list("pairs", ["pair1", "pair2", "pair3"], "Which pairs to build.")
 _ROLES = flags.DEFINE_list("roles", ["teacher", "student"], "Which models of each pair to (re)build.")

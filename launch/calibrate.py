@@ -8,14 +8,9 @@ Fits quality loss vs mismatch (k3 primary; k1, tv, mult_prob_error reported too)
 bootstrap intervals, and says how far the per-pair budgets differ (does one budget transfer across pairs?).
 """
 
-import os
-import sys
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _RESULTS = flags.DEFINE_multi_string("results", None, "One or more sweep results.jsonl files.")
 _OUT = flags.DEFINE_string("out", "budget.json", "Budget file to write.")

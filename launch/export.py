@@ -7,14 +7,9 @@ OUT (replaced only once the new export is complete), which transformers' AutoMod
 --checkpoint=OUT and --config.student=OUT read. Exit code 2 on bad input (one `error:` line).
 """
 
-import os
-import sys
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of launch/train.py.")
 _OUT = flags.DEFINE_string("out", None, "Directory to write the HF checkpoint to (replaced if it exists).")

@@ -12,13 +12,10 @@ Exit code 2 on bad input (one `error:` line).
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, or an installed package that ships one.")

@@ -16,14 +16,10 @@ with two CPU processes (tests/test_gke_launch.py); no cluster was reached.
 """
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _NAME = flags.DEFINE_string("name", None, "The JobSet's name (a DNS label; its pods are <name>-workers-0-<i>).")
 _ACCELERATOR = flags.DEFINE_string("accelerator", None, "tpu-v5e-16 | tpu-v5p-8 | tpu-v6e-8 | nvidia-h100-80gb:8.")

@@ -10,14 +10,11 @@ sweep config reads, with the sweep's cost estimated from the wall time of simila
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _PAIR = flags.DEFINE_string("pair", None, "Screen this pair (pair1, pair2 or pair3).")
 _SELECT = flags.DEFINE_bool("select", False, "Apply the selection rule to the screen files.")

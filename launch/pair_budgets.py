@@ -9,13 +9,10 @@ Prints each point's seed-mean quality loss with its interval and the decision (p
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _RESULTS = flags.DEFINE_multi_string("results", None, "results.jsonl of configs/sweeps/pair_budgets.py, one per seed.")
 _OUT = flags.DEFINE_string("out", "pair_budgets.json", "Decision file to write.")

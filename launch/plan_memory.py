@@ -28,13 +28,11 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config to plan (e.g. configs/real/...py).",
                                           lock_config=True)

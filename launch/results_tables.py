@@ -9,12 +9,10 @@ other docs pages quote is one of these, verbatim.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _DIR = flags.DEFINE_string("results_dir", "results", "Folder with the shipped result files.")
 _OUT = flags.DEFINE_string("out", "", "Write the page here (whole-file write) instead of printing it.")

@@ -10,15 +10,11 @@ config.json / generation_config.json.
 """
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF checkpoint directory.")
 _PROMPT = flags.DEFINE_string("prompt", None, "Prompt text (needs tokenizer files in the checkpoint).")

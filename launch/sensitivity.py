@@ -8,14 +8,11 @@ No training: a calibration batch of held-out prompts only.
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _WEIGHTS = flags.DEFINE_string("weights", "fp8", "Precision to scan: int8 | fp8 | fp8_e5m2 | bf16.")

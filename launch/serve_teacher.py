@@ -10,16 +10,11 @@ slice); with --checkpoint any HF directory. Then train against it:
 Ctrl-C stops it after the requests in flight (opd_jax/serving/server.py).
 """
 
-import os
-import sys
+from absl import flags
+from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A run config whose teacher to serve.", lock_config=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF checkpoint directory of the teacher (instead of --config).")

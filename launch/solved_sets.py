@@ -8,14 +8,11 @@ runs, how many verdicts agree. Tells two runs with equal accuracy apart (docs/li
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair2.py.", lock_config=True)
 _RUNS = flags.DEFINE_multi_string("run", None, "NAME=DIR: an exported student (a run's workdir/export).")

@@ -11,14 +11,11 @@ the student's EOS logit; positive = OPD lowers it). The pair must be prepared (a
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/smollm2.py.", lock_config=True)
 _STUDENT = flags.DEFINE_string("student", None, "A student HF directory to study instead of the config's.")

@@ -7,12 +7,10 @@ Rerun the same command to continue: finished points are skipped, failed ones ret
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/sweeps/quantization.py.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory (default runs/sweep_<name>).")

@@ -12,12 +12,10 @@ On Cloud TPU pod slices and SLURM, --config.distributed.coordinator=auto finds t
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root: configs/, opd_jax/
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pair1.py[:runlocal].",
                                           lock_config=True)

@@ -12,14 +12,11 @@ host: Vertex AI mounts Cloud Storage buckets at /gcs/BUCKET. Only the argument b
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file inside this repository, e.g. configs/pair1.py.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory every host can see, e.g. /gcs/BUCKET/opd/run1.")

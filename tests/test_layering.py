@@ -189,3 +189,17 @@ def test_modules_and_functions_stay_short():
           node.end_lineno - node.lineno + 1 > LONG_FUNCTION and "Long because" not in (ast.get_docstring(node) or "")):
         found.append(f"{rel}: {node.name} is {node.end_lineno - node.lineno + 1} lines")
   assert not found, found
+
+
+def test_nothing_edits_sys_path():
+  """The package, the configs and the commands import each other as installed packages (pyproject.toml installs
+  configs/ and launch/ beside opd_jax), never by editing sys.path."""
+  found = []
+  for root in ("opd_jax", "configs", "launch"):
+    for path in _python_files(os.path.join(REPO, root)):
+      with open(path) as f:
+        tree = ast.parse(f.read())
+      found += [f"{os.path.relpath(path, REPO)}:{node.lineno}" for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"]
+  assert not found, found

@@ -6,11 +6,7 @@ A real-scale config names its teacher / student as HF checkpoint directories giv
 give. Data is the user's JSONL (`:train_file=...,heldout_file=...`).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from configs.common import base_config, parse_arg  # noqa: E402
+from configs.common import base_config, parse_arg
 
 
 def real_config(name: str, arg, *, teacher_shape: str, student_shape: str, settings=None):

@@ -8,11 +8,7 @@ Train (HF checkpoint directories and JSONL prompts of your own):
   python launch/train.py --config=configs/real/qwen3_1p7b_to_0p6b.py:teacher=/ckpt/Qwen3-1.7B,student=/ckpt/Qwen3-0.6B,train_file=train.jsonl,heldout_file=test.jsonl --workdir=runs/qwen3_0p6b
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from configs.real.common import real_config  # noqa: E402  (not `common`: configs/sweeps has one too)
+from configs.real.common import real_config
 
 
 def settings(c):

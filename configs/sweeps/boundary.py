@@ -11,11 +11,7 @@ at k3 within 3x of the budget (default pair1; pairs=pair3 etc. for the others). 
 sigmas=0.09+0.11+0.13 would aim closer to it.)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
+from configs.sweeps.common import sweep_config
 
 SIGMAS = (0.125, 0.16, 0.19)  # sigmas=a+b+c to aim at another pair's budget
 

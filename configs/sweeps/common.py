@@ -11,13 +11,9 @@ A non-default argument is appended to the sweep's name ("noise[steps=75]"), so i
 the default run's in one results.jsonl, and rows record steps / lr / objective / seed themselves.
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from configs.common import parse_arg  # noqa: E402
+from configs.common import parse_arg
 
 PAIRS = ("pair1", "pair2", "pair3")
 REAL_PAIRS = ("smollm2",)  # pairs prepared from a real pretrained model (configs/<name>.py); not in "all"

@@ -11,11 +11,7 @@ noise_0.15_none+noise_0.15_tis+noise_0.15_mis+noise_0.15_seq_tis+noise_0.15_geo_
       --workdir=runs/sweep_corrections_grpo        # the same for GRPO at its learning rate (results/corrections_grpo.jsonl)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
+from configs.sweeps.common import sweep_config
 
 KINDS = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
 SIGMAS = (0.15,)

@@ -10,13 +10,9 @@ teacher. Its learning rate is 1e-4: at OPD's 1e-3 it collapsed on pair1 (reward 
 updates); 3e-4 reached 43.0% and 1e-4 45.3% after 150 steps.
 """
 
-import os
-import sys
-
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHORT_RUN  # noqa: E402
+from configs.sweeps.common import SHORT_RUN
 
 SIGMAS = (0.1, 0.15, 0.2, 0.3)  # where OPD starts to lose quality (configs/sweeps/noise.py)
 GRPO = (("objective.name", "grpo"), ("objective.group_size", 8), ("optimizer.learning_rate", 1e-4))

@@ -9,13 +9,9 @@ The horizon test (issue 23) runs grid=bound at steps=40, 75 and 150 (configs/swe
 Its rule, written before the 40-step runs finished: HORIZON_RULE.
 """
 
-import os
-import sys
+from configs.sweeps.common import sweep_config
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
-
-from opd_jax.experiments import horizon  # noqa: E402
+from opd_jax.experiments import horizon
 
 SIGMAS = (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.15, 0.175, 0.2, 0.3, 0.5)  # grid=full
 BOUND_SIGMAS = (0.1, 0.15, 0.2, 0.3)  # grid=bound: as configs/sweeps/sources.py (pair1 crosses at 0.15-0.175)

@@ -29,13 +29,9 @@ admits it), runs with the same seeds and baselines. It and the two aimed points 
 (launch/report.py --validate --heldout_results=...); it is not used for the decision.
 """
 
-import os
-import sys
+from configs.sweeps.common import sweep_config
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
-
-from configs.common import parse_arg  # noqa: E402
+from configs.common import parse_arg
 
 # sigma per pair aimed at admission-time k3 ~0.45 / ~0.60 (noise_seed 0; measured 0.48/0.65, 0.43/0.61,
 # 0.44/0.58 on pair1/2/3)

@@ -5,11 +5,7 @@ Run (under an hour on 2 CPU cores; README lists the measured wall time):
 Each point is a short OPD run (configs/sweeps/common.py) of configs/pairN.py with the point's rollout knobs.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHORT_RUN, sweep_config  # noqa: E402,F401  (SHORT_RUN: re-exported for older imports)
+from configs.sweeps.common import SHORT_RUN, sweep_config  # noqa: F401  (SHORT_RUN: re-exported for older imports)
 
 POINTS = (
     ("baseline", ()),

@@ -10,11 +10,7 @@ against the same seed's baseline.
 (results/recipes_seed*.jsonl)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import PAIRS, sweep_config  # noqa: E402
+from configs.sweeps.common import PAIRS, sweep_config
 
 POINTS = (
     ("baseline", ()),

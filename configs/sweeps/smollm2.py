@@ -8,11 +8,7 @@ against the baseline of the same seed.
 (copy its results.jsonl to results/smollm2/recipes.jsonl; about 33 minutes per point on 2 CPU cores, one seed)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
+from configs.sweeps.common import sweep_config
 
 POINTS = (
     ("baseline", ()),

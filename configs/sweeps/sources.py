@@ -11,11 +11,7 @@ far inside every budget; configs/sweeps/quantization.py trains the int8 / fp8 on
 points an hour.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
+from configs.sweeps.common import sweep_config
 
 SIGMAS = (0.1, 0.15, 0.2, 0.3)  # around pair1's crossing (sigma 0.15-0.175 in configs/sweeps/noise.py)
 W_INT4, KV_INT4 = ("rollout.weights", "int4"), ("rollout.kv_cache", "int4")

@@ -7,11 +7,7 @@ mismatch), and with objective=forward_kl the forward-vs-reverse comparison (conf
   python launch/sweep.py --config=configs/sweeps/staleness.py:objective=forward_kl,grid=short --workdir=...
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
+from configs.sweeps.common import sweep_config
 
 LAGS = (1, 2, 4, 8, 16, 32)  # grid=full
 SHORT_LAGS = (4, 16, 32)  # grid=short

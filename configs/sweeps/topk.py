@@ -12,11 +12,7 @@ per token on the wire: launch/bench/topk_transport.py.
 (copied to results/topk_pair1_seed<S>.jsonl; docs/results.md renders them)
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import sweep_config  # noqa: E402
+from configs.sweeps.common import sweep_config
 
 TOP_K = (1, 2, 4, 8, 16)
 

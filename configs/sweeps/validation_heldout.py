@@ -57,12 +57,10 @@ and nothing is re-selected or re-run after seeing results.
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import PAIRS, sweep_config  # noqa: E402
+from configs.sweeps.common import PAIRS, sweep_config
 
-from configs.common import REPO, parse_arg  # noqa: E402
+from configs.common import REPO, parse_arg
 
 SELECTED = os.path.join(REPO, "results", "validation_heldout", "selected.json")
 SEEDS = (3, 4, 5)  # opd_jax.experiments.heldout.SEEDS

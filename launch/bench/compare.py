@@ -20,11 +20,9 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _REV = flags.DEFINE_string("rev", None, "The git revision to compare with (a commit, tag or branch).")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Benchmark runs per tree (alternating trees, ABBA order).")

@@ -10,14 +10,11 @@ one timed run each, and the unrolled / scanned ratio. About 1.5 minutes on 2 bus
 """
 
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _LAYERS = flags.DEFINE_integer("layers", 28, "Decoder layers (Qwen3-1.7B / -4B have 28 / 36).")
 _HIDDEN = flags.DEFINE_integer("hidden", 64, "Model width D (4 query heads, 2 kv heads, head dim D / 4).")

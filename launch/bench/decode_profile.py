@@ -11,16 +11,13 @@ matmul reads each weight once for 32 FLOPs per 4 bytes, so it is bound by memory
 """
 
 import os
-import sys
 import time
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
 
-from absl import flags  # noqa: E402
+from launch import _cli
 
-from launch import _cli  # noqa: E402
-
-import _machine  # noqa: E402  (launch/bench/_machine.py: this script's directory is first on sys.path)
+import _machine  # launch/bench/_machine.py: this script's own directory is first on sys.path
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "smollm2", "An HF directory, or 'smollm2' (the prepared SmolLM2).")
 _BATCH = flags.DEFINE_integer("batch", 16, "Rows decoded together.")

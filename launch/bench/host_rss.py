@@ -17,12 +17,10 @@ import shlex
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
-from opd_jax.errors import InputError  # noqa: E402
+from launch import _cli
+from opd_jax.errors import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -19,17 +19,14 @@ bandwidth) -- each against its own FLOP count and the ceiling; their sum against
 
 import functools
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
 
-from absl import flags  # noqa: E402
+from launch import _cli
 
-from launch import _cli  # noqa: E402
-
-import _machine  # noqa: E402  (launch/bench/_machine.py: this script's directory is first on sys.path)
+import _machine  # launch/bench/_machine.py: this script's own directory is first on sys.path
 
 _CONFIGS = flags.DEFINE_list("configs", ["embedded", "191M"], "embedded (pair1 student), 191M, smollm2.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed steps per variant (median reported).")

@@ -6,15 +6,10 @@ identical weights, with and without int8 / fp8 weight recipes.
 Goal: a bfloat16-compute learner against a float32 sampler stays at k3 <= 1e-4 on pair1.
 """
 
-import os
-import sys
+from absl import flags
+from ml_collections import config_flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
 _PROMPTS = flags.DEFINE_integer("prompts", 256, "Calibration prompts (held-out split).")

@@ -24,18 +24,15 @@ library: it imports only the public API (load_pretrained, RolloutConfig, build_s
 import functools
 import json
 import os
-import sys
 import tempfile
 import time
 
-# Appended, not prepended: launch/bench/compare.py points PYTHONPATH at another revision's tree, which must win.
-sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# launch/bench/compare.py points PYTHONPATH at another revision's tree: its opd_jax and launch win.
+from absl import flags
 
-from absl import flags  # noqa: E402
+from launch import _cli
 
-from launch import _cli  # noqa: E402
-
-import _machine  # noqa: E402  (launch/bench/_machine.py: this script's directory is first on sys.path)
+import _machine  # launch/bench/_machine.py: this script's own directory is first on sys.path
 
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "191M"], "Random benchmark model configs (without --checkpoint).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "An HF directory, or 'smollm2' for the prepared SmolLM2 "

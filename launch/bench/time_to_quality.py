@@ -9,16 +9,12 @@ of each (compilation included, evaluations excluded), their ratio, and each run'
 opd_jax/bench/time_to_quality.py. Writes DIR/time_to_quality.json.
 """
 
-import os
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=False)
 _TARGET = flags.DEFINE_float("target", 0.75, "Held-out greedy accuracy both runs train to.")

@@ -14,12 +14,10 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from absl import flags
+from ml_collections import config_flags
 
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from launch import _cli  # noqa: E402
+from launch import _cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config of the pair, e.g. configs/smollm2.py.")
 _PROMPTS = flags.DEFINE_integer("prompts", 16, "Held-out prompts in the calibration batch.")

@@ -1,0 +1,1 @@
+"""Sweep configs: python launch/sweep.py --config=configs/sweeps/<name>.py (shared settings in common.py)."""
