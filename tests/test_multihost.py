@@ -22,10 +22,11 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(pair, workdir, devices, *coordinator_processes_id, sigterm_at=None):
+def _start(pair, workdir, devices, *coordinator_processes_id, sigterm_at=None, pod_env=None):
   args = [sys.executable, "-m", "tests.multihost_worker", pair["teacher"], pair["student"], str(workdir),
           str(devices), *map(str, coordinator_processes_id)]
-  env = dict(os.environ, **({"OPD_JAX_TEST_SIGTERM_AT": str(sigterm_at)} if sigterm_at is not None else {}))
+  env = dict(os.environ, **({"OPD_JAX_TEST_SIGTERM_AT": str(sigterm_at)} if sigterm_at is not None else {}),
+             **(pod_env or {}))
   # The resumed processes compile what the preempted ones did: one compilation cache for the test's processes.
   env.update(JAX_COMPILATION_CACHE_DIR=str(os.path.join(os.path.dirname(workdir), "xla_cache")),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
@@ -43,12 +44,22 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
+def _pod_environment() -> dict:
+  """The environment launch/gke_launch.py's manifest gives each pod of a 2-host TPU v6e slice."""
+  from opd_jax.cluster import jobset
+  manifest = jobset.render(jobset.JobSpec(name="opd", accelerator="tpu-v6e-8", image="i", config="configs/pair1.py",
+                                          bucket="b", workdir="/gcs/b/run"))
+  container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+  assert "--config.distributed.coordinator=jobset" in container["command"]
+  return {e["name"]: e["value"] for e in container["env"]}
+
+
 @pytest.mark.slow
 def test_two_processes_train_like_one_through_preemption_and_a_damaged_checkpoint(tiny_pair, tmp_path):
   """SIGTERM to process 1 during step 4: JAX's preemption service stops both processes at the same step with a
   checkpoint there (exit 143, one line each). A bit then flipped in that checkpoint is found by one process
-  (each checks its share of the files), and both fall back to step 3 together. The finished run's metrics
-  equal one process's with four devices."""
+  (each checks its share of the files), and both fall back to step 3 together, restarted as JobSet pods. The
+  finished run's metrics equal one process's with four devices."""
   port, two = _free_port(), tmp_path / "two"
   workers = [_start(tiny_pair, two, 2, f"localhost:{port}", 2, i, sigterm_at=3 if i == 1 else None)
              for i in range(2)]
@@ -63,8 +74,12 @@ def test_two_processes_train_like_one_through_preemption_and_a_damaged_checkpoin
   assert max(r["step"] for r in _rows(two)) == stopped_at
 
   checkpoints.flip_a_bit_in_the_largest_array_file(str(two / "checkpoints" / str(stopped_at)))
-  port = _free_port()
-  workers = [_start(tiny_pair, two, 2, f"localhost:{port}", 2, i) for i in range(2)]
+  # Resumed as two pods of the GKE JobSet launch/gke_launch.py renders for a 2-host slice: the coordinator,
+  # process count and index come from the pod's environment (the manifest's, with pod 0's DNS name -> localhost,
+  # and Kubernetes' JOB_COMPLETION_INDEX), not from flags.
+  port, pod = _free_port(), _pod_environment()
+  workers = [_start(tiny_pair, two, 2, "jobset", 1, 0, pod_env={
+      **pod, "OPD_COORDINATOR": f"localhost:{port}", "JOB_COMPLETION_INDEX": str(i)}) for i in range(2)]
   outputs = [_finish(process) for process in workers + [single]]
   assert all("processes=2 devices=4" in output for output in outputs[:2]) and "processes=1 devices=4" in outputs[2]
   warnings = [line for line in outputs[0].splitlines() if line.startswith("warning: checkpoint")]

@@ -44,7 +44,6 @@ def train(config, workdir: str) -> dict:
   with contextlib.ExitStack() as stack:
     run = build_run(spec, stack)
     versions = WeightVersions(spec, run.programs.weight_sync, run.producer, run.prompts)
-    stack.callback(versions.close)
     preflight = _preflight(run, versions)  # a served teacher against its checkpoint, before anything is written
 
     # Everything above only reads; the workdir is created here, after every input was loaded and checked.
@@ -58,6 +57,7 @@ def train(config, workdir: str) -> dict:
       writer.write(0, final)
 
     data_state = run.prompts.get_state()  # read before a producer thread starts drawing from the pipeline
+    stack.callback(versions.close)  # registered last, closed first: the producer thread stops before the rest
     versions.start(state.params, start_step)
     interval, clock = Interval(run, writer, resumed.pending), _Clock(resumed.train_s)
     skip_guard = SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
