@@ -89,6 +89,18 @@ def _write_trace(log_dir: str | None) -> str:
   return path
 
 
+def git(root: str, *args: str) -> str:
+  """`git -C root args...`'s output; a failure is an InputError naming the command (the revision-comparing
+  benchmarks check their --rev with it)."""
+  import subprocess
+  result = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+  if result.returncode:
+    from opd_jax.errors import InputError
+    raise InputError(f"git {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}; give --rev as a "
+                     "commit, tag or branch of this repository")
+  return result.stdout.strip()
+
+
 def run(main, required: tuple[str, ...] = ()) -> None:
   """absl's app.run, with flag errors under the contract: an unknown flag, a value of the wrong type, a config
   file that is missing or raises, a `--config.x.y=v` override naming no field, a missing required flag or a

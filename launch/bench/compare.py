@@ -33,15 +33,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BENCH = os.path.join(ROOT, "launch", "bench", "sampler.py")
 
 
-def _git(*args: str) -> str:
-  result = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
-  if result.returncode:
-    from opd_jax.errors import InputError
-    raise InputError(f"git {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}; give --rev as a "
-                     "commit, tag or branch of this repository")
-  return result.stdout.strip()
-
-
 def _run_bench(tree: str, bench_args: list[str], out: str) -> list[dict]:
   env = dict(os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run([sys.executable, BENCH, *bench_args, f"--out={out}"], env=env, cwd=tree,
@@ -59,10 +50,10 @@ def run(bench_args: list[str]):
   if not _REV.value:
     from opd_jax.errors import InputError
     raise InputError("--rev is required: the revision to compare the working tree with")
-  commit = _git("rev-parse", "--verify", "--short=12", _REV.value + "^{commit}")
+  commit = _cli.git(ROOT, "rev-parse", "--verify", "--short=12", _REV.value + "^{commit}")
   scratch = tempfile.mkdtemp(prefix="opd_compare_")
   worktree = os.path.join(scratch, "rev")
-  _git("worktree", "add", "--detach", worktree, commit)
+  _cli.git(ROOT, "worktree", "add", "--detach", worktree, commit)
   try:
     trees = {"this": ROOT, "rev": worktree}
     rows = {"this": [], "rev": []}
@@ -72,9 +63,10 @@ def run(bench_args: list[str]):
         rows[name].append(_run_bench(trees[name], bench_args, os.path.join(scratch, f"{name}_{round_}.jsonl")))
     table = compare_runs(rows)
   finally:
-    _git("worktree", "remove", "--force", worktree)
+    _cli.git(ROOT, "worktree", "remove", "--force", worktree)
     shutil.rmtree(scratch, ignore_errors=True)
-  print(f"\nthis tree ({_git('rev-parse', '--short=12', 'HEAD')} + working changes) vs {_REV.value} ({commit}), "
+  here = _cli.git(ROOT, "rev-parse", "--short=12", "HEAD")
+  print(f"\nthis tree ({here} + working changes) vs {_REV.value} ({commit}), "
         f"{_ROUNDS.value} runs each, medians of each run's ratio to transformers' generate")
   print(f"  {'target':<22} {'mode':<8} {'engine':<30} {'this':>7} {'rev':>7} {'this / rev':>11}")
   for r in table:

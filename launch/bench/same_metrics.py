@@ -34,15 +34,6 @@ RUNS = {  # name: launch/train.py flags
 TIMING = ("perf/", "time/", "eval/seconds")
 
 
-def _git(*args: str) -> str:
-  result = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
-  if result.returncode:
-    from opd_jax.errors import InputError
-    raise InputError(f"git {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}; give --rev as a "
-                     "commit, tag or branch of this repository")
-  return result.stdout.strip()
-
-
 def _train(tree: str, flags_: list[str], workdir: str) -> None:
   env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)  # one device, default optimization: the run as a user makes it
@@ -79,10 +70,10 @@ def run() -> int:
   if unknown:
     from opd_jax.errors import InputError
     raise InputError(f"--runs: unknown {unknown}; choose from {sorted(RUNS)}")
-  commit = _git("rev-parse", "--verify", f"{_REV.value}^{{commit}}")
+  commit = _cli.git(ROOT, "rev-parse", "--verify", f"{_REV.value}^{{commit}}")
   scratch = tempfile.mkdtemp(prefix="opd_jax_same_metrics_")
   base_tree = os.path.join(scratch, "rev")
-  _git("worktree", "add", "--detach", base_tree, commit)
+  _cli.git(ROOT, "worktree", "add", "--detach", base_tree, commit)
   failed = False
   try:
     for name in _RUNS.value:
@@ -99,7 +90,7 @@ def run() -> int:
             f"{'identical' if not found else f'{len(found)} differ'}" + "".join(f"\n  {f}" for f in found[:20]),
             flush=True)
   finally:
-    _git("worktree", "remove", "--force", base_tree)
+    _cli.git(ROOT, "worktree", "remove", "--force", base_tree)
     shutil.rmtree(scratch, ignore_errors=True)
   return 1 if failed else 0
 
