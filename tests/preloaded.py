@@ -2,10 +2,10 @@
 
   python tests/preloaded.py JOBS.json > RESULTS.json
 
-JOBS.json is a list of {"argv": [script, args...], "stdout": path, "stderr": path}. This process imports jax,
+JOBS.json is a list of {"argv": [script, args...] or ["-m", module, args...], "stdout": path, "stderr": path}. This process imports jax,
 flax, optax and opd_jax once (without starting a backend: no array is made here), then forks one child per job,
 at most --parallel at a time. Each child redirects its stdout / stderr to the job's files and runs the script as
-`__main__`, the way `python script args...` would; its exit status is what the script's process exits with. The
+`__main__`, the way `python script args...` (or `python -m module args...`) would; its exit status is what the script's process exits with. The
 result is a list of {"returncode": int} in job order (-9: killed after the job's timeout).
 
 Why: the error-contract table has ~70 cases; each plain `python launch/x.py` spends ~2 s importing jax and the
@@ -35,7 +35,7 @@ def _preload() -> None:
   from absl import app, flags  # noqa: F401
   sys.path.insert(0, REPO)
   import opd_jax.train.loop  # noqa: F401
-  import opd_jax.experiments.report  # noqa: F401
+  import study.analysis.report  # noqa: F401
   import opd_jax.screening.admission  # noqa: F401
 
 
@@ -48,10 +48,16 @@ def _child(job: dict) -> None:
       os.dup2(out, fd)
       os.close(out)
     os.chdir(REPO)
-    sys.argv = list(job["argv"])
-    sys.path[:] = [os.path.dirname(os.path.abspath(sys.argv[0])), *_PATH]  # as `python script` sets it
+    argv = list(job["argv"])
     try:
-      runpy.run_path(sys.argv[0], run_name="__main__")
+      if argv[0] == "-m":  # as `python -m module` sets them: the folder it runs in first, argv[0] the module's file
+        sys.path[:] = [REPO, *_PATH]
+        sys.argv = [os.path.join(REPO, *argv[1].split(".")) + ".py", *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+      else:
+        sys.argv = argv
+        sys.path[:] = [os.path.dirname(os.path.abspath(sys.argv[0])), *_PATH]  # as `python script` sets it
+        runpy.run_path(sys.argv[0], run_name="__main__")
       code = 0
     except SystemExit as e:
       code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

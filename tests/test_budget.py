@@ -8,11 +8,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from opd_jax.experiments import report
+from study.analysis import plots, report
 from opd_jax.experiments.calibrate_report import build_budget, load_rows
 from opd_jax.experiments.files import read_jsonl
 from opd_jax.experiments.sweep import fill_deltas, run_sweep
-from opd_jax.experiments.validation import group_seeds, is_held_out, validate, wilson_interval
+from study.analysis.validation import group_seeds, is_held_out, validate, wilson_interval
 from opd_jax.mismatch import budget as budget_lib
 
 
@@ -267,8 +267,8 @@ def _write_rows(path, rows):
 
 def _captured_figures(monkeypatch):
   """The report's figures by file name, kept after they are saved."""
-  figures, save = {}, report._save
-  monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(os.path.basename(path), fig) and
+  figures, save = {}, plots._save
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figures.setdefault(os.path.basename(path), fig) and
                       save(fig, path))
   return figures
 
@@ -362,7 +362,7 @@ def test_rules_comparison_tells_per_pair_budgets_from_pooled_and_constants():
   three right; per-pair budgets (pair1 0.1, pair2 1.0), the labelled counterfactual, all three; reject-all two,
   admit-all one; no constant threshold gets all three, because pair1's harmful point measures below pair2's
   harmless one."""
-  from opd_jax.experiments.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules, judge
+  from study.analysis.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules, judge
   entry = lambda b: {"budget": b, "tolerance_abs": 0.05, "interval": [b, b], "bootstrap_budgets": [b], "bounded": True}
   budget_file = {"scale": "k3", "budgets": {"pooled": entry(0.5), "pair1": entry(0.1), "pair2": entry(1.0)},
                  "per_pair_test": {"decision": "pooled", "file": "t.json"}}
@@ -391,7 +391,7 @@ def test_admission_and_run_mean_k3_side_by_side():
   against a 0.8 budget is rejected unconverted but admitted once divided by its 2x factor; rows without a run k3
   are left out."""
   import math
-  from opd_jax.experiments.validation import admission_vs_run_k3
+  from study.analysis.validation import admission_vs_run_k3
   rows = [{"pair": "pair1", "point": "a", "measured": 0.9, "compared": 0.45, "k3_factor": 2.0, "run_k3": 0.45,
            "budget": 0.8, "admit": True},
           {"pair": "pair1", "point": "b", "measured": 4.0, "compared": 2.0, "k3_factor": 2.0, "run_k3": 2.0,
@@ -449,7 +449,7 @@ def test_the_k3_conversion_is_measured_per_pair_and_admission_divides_by_it():
   assert not admission.admit({"k3": 1.5 * limit}, unconverted, "pair1", 150)["admit"]
   assert k3_conversion.factor_for(unconverted, "pair1", 150) == (1.0, "admission k3 compared unconverted (the "
                                                                      "budget file has no k3_conversion)")
-  from opd_jax.experiments.admission_k3 import distinct_points  # what launch/admission_k3.py measures: one row
+  from study.analysis.admission_k3 import distinct_points  # what study/admission_k3.py measures: one row
   again = [{**r, "seed": 1, "steps": 75} for r in calibration]  # per configuration, over seeds and run lengths
   assert [(r["pair"], r["point"]) for r in distinct_points(calibration + again)] == \
          [(m["pair"], m["point"]) for m in measured]

@@ -1,4 +1,4 @@
-"""The error contract of every launch script, table-driven: each bad input exits 2 with exactly one `error:` line
+"""The error contract of every launch script and study script, table-driven: each bad input exits 2 with exactly one `error:` line
 naming the culprit, no traceback, and leaves nothing behind in its folder.
 
 The selected cases run once (a module fixture), two at a time, each a process of its own; each case is then its own
@@ -62,9 +62,9 @@ CASES = [
     ("train_second_teacher", "launch/train.py", "--config=configs/multi_teacher.py:runlocal", "--workdir={d}/run",
      "--config.teachers.pair3.checkpoint={d}/none", "does not exist"),
     # stopping.py
-    ("stopping_prompts", "launch/stopping.py", "--config=configs/smollm2.py", "--prompts=0", "--prompts=0 must be >= 1"),
-    ("stopping_not_jsonl", "launch/stopping.py", "--config=configs/pair1.py", "data.source='arithmetic'"),
-    ("stopping_unprepared", "launch/stopping.py", "--config=configs/smollm2.py", "--config.prepare.dir={d}/none",
+    ("stopping_prompts", "study/stopping.py", "--config=configs/smollm2.py", "--prompts=0", "--prompts=0 must be >= 1"),
+    ("stopping_not_jsonl", "study/stopping.py", "--config=configs/pair1.py", "data.source='arithmetic'"),
+    ("stopping_unprepared", "study/stopping.py", "--config=configs/smollm2.py", "--config.prepare.dir={d}/none",
      "is not an HF directory"),
     # bench/compare.py
     ("compare_no_rev", "launch/bench/compare.py", "--rev is required"),
@@ -97,15 +97,15 @@ CASES = [
      "--holdout names points"),
     ("calibrate_pair_test_list", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
      "--pair_test={d}/list.json", "per-pair test file"),
-    ("pair_budgets_one_seed", "launch/pair_budgets.py", "--results={d}/ok.jsonl", "--out={d}/pb.json",
+    ("pair_budgets_one_seed", "study/pair_budgets.py", "--results={d}/ok.jsonl", "--out={d}/pb.json",
      "missing or short"),
-    ("pair_budgets_out_folder", "launch/pair_budgets.py", "--results={d}/ok.jsonl", "--out={d}/nope/pb.json",
+    ("pair_budgets_out_folder", "study/pair_budgets.py", "--results={d}/ok.jsonl", "--out={d}/nope/pb.json",
      "its folder does not exist"),
     ("calibrate_admission_k3_missing", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
      "--admission_k3={d}/none.jsonl", "admission k3 file"),
     ("calibrate_admission_k3_fields", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
      "--admission_k3={d}/ok.jsonl", "missing field 'overrides'"),
-    ("admission_k3_prompts", "launch/admission_k3.py", "--results={d}/none.jsonl", "--prompts=0",
+    ("admission_k3_prompts", "study/admission_k3.py", "--results={d}/none.jsonl", "--prompts=0",
      "--prompts=0 must be >= 1"),
     ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
     ("calibrate_nothing_usable", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
@@ -131,13 +131,13 @@ CASES = [
      "--json", "temperature must be >= 0"),
     ("calibrate_flag_before_file", "launch/calibrate.py", "--results={d}/none.jsonl", "--out={d}/b.json",
      "--tolerance=-1", "--tolerance=-1 must be in (0, 1)"),
-    ("report_flag_before_file", "launch/report.py", "--results={d}/none.jsonl", "--budget={d}/truncated.json",
+    ("report_flag_before_file", "study/report.py", "--results={d}/none.jsonl", "--budget={d}/truncated.json",
      "--prompts=0", "--prompts=0 >= 1"),
     ("plan_flag_before_file", "launch/plan_memory.py", "--teacher={d}/none", "--student=qwen3-0.6b", "--batch=0",
      "--batch must be an integer >= 1, got 0"),
     ("plan_config_flag_before_file", "launch/plan_memory.py", "--config=configs/pair1.py",
      "--config.teacher={d}/none", "--logits_chunk=-1", "--logits_chunk must be an integer >= 0"),
-    ("prefix_shift_flag_before_file", "launch/prefix_shift.py", "--config=configs/pair1.py",
+    ("prefix_shift_flag_before_file", "study/prefix_shift.py", "--config=configs/pair1.py",
      "--config.teacher={d}/none", "--noise=abc", "--out={d}/file", "--noise must be comma-separated numbers"),
     ("sensitivity_flag_before_file", "launch/sensitivity.py", "--config=configs/pair1.py",
      "--config.teacher={d}/none", "--weights=int1", "--out={d}/file", "'int1' is not one of"),
@@ -147,29 +147,29 @@ CASES = [
      "--step must be a checkpoint step >= 0"),
     ("ttq_flag_before_file", "launch/bench/time_to_quality.py", "--config=configs/pair1.py",
      "--config.teacher={d}/none", "--target=1.5", "--target must be in (0, 1]"),
-    ("build_pairs_flag_before_file", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/file", "unknown pair 'pair9'"),
-    ("report_budget_truncated", "launch/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
+    ("build_pairs_flag_before_file", "study/build_pairs.py", "--pairs=pair9", "--out={d}/file", "unknown pair 'pair9'"),
+    ("report_budget_truncated", "study/report.py", "--results={d}/ok.jsonl", "--budget={d}/truncated.json",
      "--out={d}/report", "budget file"),
-    ("report_out_file", "launch/report.py", "--results={d}/ok.jsonl", "--out={d}/file", "is a file"),
-    ("report_validation_list", "launch/report.py", "--results={d}/ok.jsonl", "--validation={d}/list.json",
+    ("report_out_file", "study/report.py", "--results={d}/ok.jsonl", "--out={d}/file", "is a file"),
+    ("report_validation_list", "study/report.py", "--results={d}/ok.jsonl", "--validation={d}/list.json",
      "--out={d}/report", "holds a JSON list"),
-    ("report_heldout_alone", "launch/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
+    ("report_heldout_alone", "study/report.py", "--results={d}/ok.jsonl", "--heldout_results={d}/ok.jsonl",
      "--out={d}/report", "only read with --validate"),
-    ("report_seed_means_alone", "launch/report.py", "--results={d}/ok.jsonl", "--seed_means", "--out={d}/report",
+    ("report_seed_means_alone", "study/report.py", "--results={d}/ok.jsonl", "--seed_means", "--out={d}/report",
      "--seed_means and --admission_k3 are only read with --validate"),
-    ("report_exclude_unknown", "launch/report.py", "--results={d}/ok.jsonl", "--validate",
+    ("report_exclude_unknown", "study/report.py", "--results={d}/ok.jsonl", "--validate",
      "--heldout_results={d}/ok.jsonl", "--heldout_exclude=pair9/x", "--budget=results/budget.json", "--out={d}/report",
      "--heldout_exclude names"),
-    ("heldout_screen_neither", "launch/heldout_screen.py", "--out_dir={d}/out", "exactly one of --pair"),
-    ("heldout_screen_pair", "launch/heldout_screen.py", "--pair=pair9", "--out_dir={d}/out",
+    ("heldout_screen_neither", "study/heldout_screen.py", "--out_dir={d}/out", "exactly one of --pair"),
+    ("heldout_screen_pair", "study/heldout_screen.py", "--pair=pair9", "--out_dir={d}/out",
      "--pair='pair9' is not one of"),
-    ("heldout_screen_no_screens", "launch/heldout_screen.py", "--select", "--out_dir={d}", "no screen file"),
-    ("solved_sets_run_spec", "launch/solved_sets.py", "--config=configs/pair2.py", "--run={d}/none",
+    ("heldout_screen_no_screens", "study/heldout_screen.py", "--select", "--out_dir={d}", "no screen file"),
+    ("solved_sets_run_spec", "study/solved_sets.py", "--config=configs/pair2.py", "--run={d}/none",
      "must be NAME=DIR"),
-    ("solved_sets_flag_before_file", "launch/solved_sets.py", "--config=configs/pair2.py", "--run=a={d}/none",
+    ("solved_sets_flag_before_file", "study/solved_sets.py", "--config=configs/pair2.py", "--run=a={d}/none",
      "--problems=0", "--problems=0 must be >= 1"),
-    ("results_tables_missing", "launch/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
-    ("results_tables_out_folder", "launch/results_tables.py", "--out={d}/nope/results.md", "its folder does not exist"),
+    ("results_tables_missing", "study/results_tables.py", "--results_dir={d}/nope", "is not a folder"),
+    ("results_tables_out_folder", "study/results_tables.py", "--out={d}/nope/results.md", "its folder does not exist"),
     ("host_rss_args", "launch/bench/host_rss.py", "--name=x", "--train_args=--workdir={d}/a",
      "must be --config=FILE and --config.x=v arguments only"),
     ("host_rss_out_folder", "launch/bench/host_rss.py", "--name=x", "--train_args=--config=configs/pair1.py",
@@ -186,11 +186,11 @@ CASES = [
      "--candidates=weights=fp8;kv_cache=fp8,stalenes=2", "unknown rollout field(s) ['stalenes']"),
     ("ttq_target", "launch/bench/time_to_quality.py", "--config=configs/pair1.py", "--target=1.5",
      "--workdir={d}/ttq", "--target must be in (0, 1]"),
-    ("prefix_shift_noise", "launch/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
+    ("prefix_shift_noise", "study/prefix_shift.py", "--config=configs/pair1.py", "--noise=abc", "--out={d}/ps",
      "--noise"),
     ("sensitivity_weights", "launch/sensitivity.py", "--config=configs/pair1.py", "--weights=int1",
      "--out={d}/sens", "int1"),
-    ("build_pairs_unknown", "launch/build_pairs.py", "--pairs=pair9", "--out={d}/pairs", "pair9"),
+    ("build_pairs_unknown", "study/build_pairs.py", "--pairs=pair9", "--out={d}/pairs", "pair9"),
     # real models: GGUF import, pruning, a config that prepares its pair, prompt files without prompts
     ("prepare_model_missing_package", "launch/prepare_model.py", "--gguf=no-such-package-opd", "--out={d}/m",
      "'no-such-package-opd' is not installed"),
@@ -204,9 +204,9 @@ CASES = [
     ("train_jsonl_no_prompt", *TRAIN, *TINY, "--config.data.source=jsonl",
      "--config.data.train_file={d}/noprompt.jsonl", "--config.data.heldout_file={d}/noprompt.jsonl",
      "noprompt.jsonl:1: each line needs"),
-    ("gguf_parity_texts", "launch/gguf_parity.py", "--gguf={d}/garbage.gguf", "--model={student}", "--texts=0",
+    ("gguf_parity_texts", "study/gguf_parity.py", "--gguf={d}/garbage.gguf", "--model={student}", "--texts=0",
      "--texts must be >= 1"),
-    ("build_chat_prompts_teacher", "launch/build_chat_prompts.py", "--teacher={d}/none", "does not exist"),
+    ("build_chat_prompts_teacher", "study/build_chat_prompts.py", "--teacher={d}/none", "does not exist"),
     ("train_real_missing_package", "launch/train.py", "--config=configs/smollm2.py:runlocal", "--workdir={d}/run",
      "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models", "is not installed"),
     # gke_launch.py: the manifest's settings, before anything is rendered or submitted
@@ -289,7 +289,10 @@ def outcomes(request, tiny_pair, tmp_path_factory):
     d = os.path.join(root, case_id)
     os.makedirs(d)
     values = _setup(case_id, d, tiny_pair)
-    jobs.append({"argv": [a.format(**values) for a in args], "before": sorted(os.listdir(d)),
+    argv = [a.format(**values) for a in args]
+    if argv[0].startswith("study/"):  # study scripts run as modules from the repository root
+      argv[:1] = ["-m", argv[0][:-len(".py")].replace("/", ".")]
+    jobs.append({"argv": argv, "before": sorted(os.listdir(d)),
                  "stdout": os.path.join(root, case_id + ".out"), "stderr": os.path.join(root, case_id + ".err")})
   jobs_file = os.path.join(root, "jobs.json")
   with open(jobs_file, "w") as f:
@@ -309,11 +312,11 @@ def outcomes(request, tiny_pair, tmp_path_factory):
   return outcomes
 
 
-def test_the_table_covers_every_launch_script():
+def test_the_table_covers_every_launch_script_and_study_script():
   scripts = {case[1] for case in CASES}
-  covered = {s for s in os.listdir(os.path.join(REPO, "launch"))
-             if s.endswith(".py") and not s.startswith(("_", "xm_", "export"))}
-  assert covered <= {os.path.basename(s) for s in scripts}, covered  # export / xm_launch: their own tests
+  commands = {f"{folder}/{s}" for folder in ("launch", "study") for s in os.listdir(os.path.join(REPO, folder))
+              if s.endswith(".py") and not s.startswith(("_", "xm_", "export"))}
+  assert commands <= scripts, commands - scripts  # export / xm_launch: their own tests
   assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
 
 
@@ -332,7 +335,7 @@ FLAG_BEFORE_FILE = {"train": "train_flag_before_file", "sample": "sample_flag_be
 def test_every_script_with_flags_and_files_names_the_flag_first():
   cases = {case[0]: case for case in CASES}
   for script, case_id in FLAG_BEFORE_FILE.items():
-    assert cases[case_id][1] == f"launch/{script}.py", case_id
+    assert cases[case_id][1] in (f"launch/{script}.py", f"study/{script}.py"), case_id
 
 
 # The fast tier (pytest -m "not slow") runs these: a flag mistake, a file mistake, a config-field mistake.

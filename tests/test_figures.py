@@ -1,4 +1,4 @@
-"""The study's figures (docs/img) are what `python launch/report.py --figures=docs/img` draws from today's
+"""The study's figures (docs/img) are what `python -m study.report --figures=docs/img` draws from today's
 results/ files: each image has a sidecar with the sha256 of every input, and the check reports a figure whose
 inputs changed since it was drawn."""
 
@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from opd_jax.experiments import figures, report
+from study.analysis import figures
+from study.analysis import plots
 from opd_jax.experiments.files import file_hash, read_budget
 
 ROOT = figures.ROOT
@@ -66,8 +67,8 @@ def test_render_draws_both_figures_with_sidecars_and_a_real_pair_panel(tmp_path,
   """render() into tmp: both images and sidecars, none stale; the quality figure has the real pair on a panel of
   its own and the budget line at budget.json's pooled budget. A failure while drawing leaves the earlier files
   as they were and no temporary file."""
-  drawn, save = {}, report._save
-  monkeypatch.setattr(report, "_save", lambda fig, path: drawn.setdefault(os.path.basename(path), fig) and
+  drawn, save = {}, plots._save
+  monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault(os.path.basename(path), fig) and
                       save(fig, path))
   out = tmp_path / "img"
   paths = figures.render(str(out))
@@ -85,7 +86,7 @@ def test_render_draws_both_figures_with_sidecars_and_a_real_pair_panel(tmp_path,
   assert "95% t-interval" in drawn["quality_vs_mismatch.png.tmp"].get_suptitle()
 
   before = {name: file_hash(out / name) for name in os.listdir(out)}
-  monkeypatch.setattr(report, "plot_sources", lambda rows, path: 1 / 0)
+  monkeypatch.setattr(plots, "plot_sources", lambda rows, path: 1 / 0)
   with pytest.raises(ZeroDivisionError):
     figures.render(str(out))
   assert {name: file_hash(out / name) for name in os.listdir(out)} == before
@@ -93,4 +94,4 @@ def test_render_draws_both_figures_with_sidecars_and_a_real_pair_panel(tmp_path,
 
 def test_the_real_pairs_drawn_apart_are_the_sweep_configs_real_pairs():
   from configs.sweeps import common
-  assert set(report.REAL_PAIR_QUALITY) == set(common.REAL_PAIRS)
+  assert set(plots.REAL_PAIR_QUALITY) == set(common.REAL_PAIRS)

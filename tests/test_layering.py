@@ -1,8 +1,9 @@
 """Imports only run downward, so importing the learner never pulls in the tools that drive it: inside opd_jax by
-layer, and from launch/ (the commands) into the package, never back."""
+layer, from launch/ (the commands) into the package, and from study/ (not installed) into both, never back."""
 
 import ast
 import os
+import tomllib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "opd_jax")
@@ -45,8 +46,8 @@ def test_imports_only_run_downward():
     package = rel.split(os.sep)[0]
     for module in _imports(path):
       parts = module.split(".")
-      if parts[0] == "launch":
-        upward.append(f"{rel} imports {module} (the package never imports the commands)")
+      if parts[0] in ("launch", "study"):
+        upward.append(f"{rel} imports {module} (the package never imports the commands or the study)")
       elif parts[0] == "opd_jax" and len(parts) > 1 and parts[1] in set().union(*LAYERS):
         if parts[1] != package and _layer(parts[1]) > _layer(package):
           upward.append(f"{rel} imports {module}")
@@ -64,6 +65,22 @@ def test_the_commands_import_the_package_and_their_shared_helpers_only():
       if module.startswith("launch") and module not in ("launch", "launch._cli"):
         wrong.append(f"{os.path.relpath(path, REPO)} imports {module}")
   assert not wrong, wrong
+
+
+def test_the_study_is_outside_the_product():
+  """study/ uses opd_jax, configs and launch._cli as a user's script would; nothing installed (opd_jax, configs,
+  launch) imports study, and study is not among the packages pyproject.toml installs."""
+  wrong = []
+  for root in ("opd_jax", "configs", "launch"):
+    for path in _python_files(os.path.join(REPO, root)):
+      wrong += [f"{os.path.relpath(path, REPO)} imports {m}" for m in _imports(path) if m.split(".")[0] == "study"]
+  for path in _python_files(os.path.join(REPO, "study")):
+    wrong += [f"{os.path.relpath(path, REPO)} imports {m}" for m in _imports(path)
+              if m.startswith("launch") and m not in ("launch", "launch._cli")]
+  assert not wrong, wrong
+  with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+    installed = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+  assert not [p for p in installed if p.startswith("study")], installed
 
 
 def test_the_checker_sees_both_import_forms(tmp_path):
@@ -127,11 +144,12 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
   return out
 
 
-def test_no_import_cycle_inside_the_package():
-  """No two opd_jax modules import each other, directly or around a loop, not even from inside a function (a
-  function-level import hides a cycle from Python, not from the design)."""
-  cycles = _cycles(_module_graph(PACKAGE))
-  assert not cycles, cycles
+def test_no_import_cycle_inside_the_package_or_the_study():
+  """No two opd_jax (or study) modules import each other, directly or around a loop, not even from inside a
+  function (a function-level import hides a cycle from Python, not from the design)."""
+  for root in (PACKAGE, os.path.join(REPO, "study")):
+    cycles = _cycles(_module_graph(root))
+    assert not cycles, cycles
 
 
 def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
@@ -169,17 +187,16 @@ def test_no_config_dict_below_the_entry_points():
 # Modules past LONG_MODULE lines, each with the reason and what will shrink it.
 LONG_MODULES = {
     "planning/memory_plan.py": "PlanConfig re-types the run config; planning a RunSpec removes it (issue 38, item 3)",
-    "experiments/report.py": "study code, leaving the package for study/ (issue 38, item 4)",
 }
 LONG_MODULE, LONG_FUNCTION = 400, 80
 
 
 def test_modules_and_functions_stay_short():
-  """No module over LONG_MODULE lines but those listed with a reason, and no function over LONG_FUNCTION lines
-  unless its docstring says why ("Long because ...")."""
+  """No module of opd_jax or study over LONG_MODULE lines but those listed with a reason, and no function over
+  LONG_FUNCTION lines unless its docstring says why ("Long because ...")."""
   found = []
-  for path in _python_files(PACKAGE):
-    rel = os.path.relpath(path, PACKAGE)
+  for path in [*_python_files(PACKAGE), *_python_files(os.path.join(REPO, "study"))]:
+    rel = os.path.relpath(path, PACKAGE if path.startswith(PACKAGE + os.sep) else REPO)
     with open(path) as f:
       source = f.read()
     if source.count("\n") > LONG_MODULE and rel.replace(os.sep, "/") not in LONG_MODULES:
@@ -195,7 +212,7 @@ def test_nothing_edits_sys_path():
   """The package, the configs and the commands import each other as installed packages (pyproject.toml installs
   configs/ and launch/ beside opd_jax), never by editing sys.path."""
   found = []
-  for root in ("opd_jax", "configs", "launch"):
+  for root in ("opd_jax", "configs", "launch", "study"):
     for path in _python_files(os.path.join(REPO, root)):
       with open(path) as f:
         tree = ast.parse(f.read())

@@ -10,7 +10,7 @@ import pytest
 
 from opd_jax.experiments.calibrate_report import build_budget, load_rows
 from opd_jax.experiments.files import read_admission_k3, read_budget, read_json, read_results
-from opd_jax.experiments.results_tables import all_tables, render_page
+from study.tables.results import all_tables, render_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
@@ -65,7 +65,7 @@ def test_the_results_page_is_what_the_shipped_results_generate():
   assert {"sweep sources", "budgets", "budget transfer", "validation", "importance corrections_grpo",
           "smollm2 distillation"} <= set(tables), sorted(tables)
   assert _read("docs/results.md") == render_page(RESULTS), \
-      "docs/results.md is out of date: run python launch/results_tables.py --out=docs/results.md"
+      "docs/results.md is out of date: run python -m study.results_tables --out=docs/results.md"
 
 
 def test_the_readme_headline_table_is_the_shipped_one():
@@ -108,7 +108,7 @@ def test_every_number_in_a_docs_table_comes_from_a_shipped_file_or_says_how_to_r
   generated = set(all_tables(RESULTS).values())
   unbacked = [t for page in PAGES for t in _unbacked_tables(page, _read(page), generated)]
   assert not unbacked, ("tables whose numbers no shipped file produces; generate them from results/ "
-                        f"(opd_jax/experiments/results_tables.py) or mark them '{ILLUSTRATIVE} (illustrative): "
+                        f"(study/tables/results.py) or mark them '{ILLUSTRATIVE} (illustrative): "
                         "COMMAND -->':\n" + "\n".join(unbacked))
 
 
@@ -209,7 +209,7 @@ def test_admit_py_and_the_validation_tables_agree_configuration_by_configuration
   validation records by hash; and the real verdict is the seed-mean loss against the budget's tolerance."""
   from configs import common
   from opd_jax.experiments.files import file_hash
-  from opd_jax.experiments.validation import summary
+  from study.analysis.validation import summary
   budget_path = os.path.join(RESULTS, "budget.json")
   budget = read_budget(budget_path)
   validation = read_json(os.path.join(RESULTS, name), "validation file")
@@ -251,7 +251,7 @@ def test_the_shipped_validation_next_to_simple_rules():
   the converted k3 in [0.288, 0.452) also score 9 of 9, rejecting everything 7 of 9, and seed by seed the check
   agrees on 18 of 27 runs (a t-interval over the 9 configurations, 44-89%), with 6 of 9 straddling the
   tolerance."""
-  from opd_jax.experiments.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules
+  from study.analysis.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules
   compared = compare_with_rules(read_json(os.path.join(RESULTS, "validation.json"), "validation file"))
   rules = compared["rules"]
   assert [rules[k]["agreed"] for k in (SHIPPED, "reject all", "admit all", PER_PAIR)] == [9, 7, 2, 9]
@@ -266,7 +266,7 @@ def test_the_main_runs_reach_what_the_study_says():
   """docs/study.md's main-run table is generated from results/pairN_main/metrics.jsonl and quoted verbatim; each
   shipped main run closes at least half the gap to its teacher (the study's bar) and pair1's reaches >= 80%."""
   from opd_jax.experiments.files import read_jsonl
-  from opd_jax.experiments.pair_tables import build_info, main_runs_table
+  from study.tables.pairs import build_info, main_runs_table
   table = main_runs_table(RESULTS)
   assert table in _read("docs/study.md")
   shipped = [p for p in ("pair1", "pair2", "pair3") if os.path.exists(os.path.join(RESULTS, f"{p}_main"))]
@@ -296,7 +296,7 @@ def test_the_served_teacher_comparison_is_recomputed_from_the_shipped_runs():
 
 
 def test_the_per_pair_decision_is_recomputed_from_the_shipped_runs():
-  """results/pair_budgets.json is launch/pair_budgets.py's decision over the three shipped seed files, budget.json
+  """results/pair_budgets.json is study/pair_budgets.py's decision over the three shipped seed files, budget.json
   carries that decision (admission follows it), and README states it; every point has three seeds, each against
   the same seed's fresh baseline, and each seed's baseline is a different run (pair2's included; two of them can
   still end at the same accuracy: test_equal_accuracies_are_different_solved_sets)."""
@@ -327,7 +327,7 @@ def test_the_fresh_seed_validation_holds_eight_held_out_configurations():
   intervals recomputed here, and says that these runs share their seed-1 and seed-2 baselines with calibration
   (asserted from the files)."""
   from opd_jax.experiments.intervals import wilson_interval
-  from opd_jax.experiments.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules
+  from study.analysis.validation import ORACLE, PER_PAIR, SHIPPED, compare_with_rules
   validation = read_json(os.path.join(RESULTS, "validation_pairs.json"), "validation file")
   rows = validation["rows"]
   runs = {(r["pair"], r["point"], r["seed"]): -r["delta_final_accuracy"]
@@ -383,7 +383,7 @@ def test_the_horizon_test_is_recomputed_from_the_shipped_runs():
   at 40, 75 and 150 steps, three seeds each: README states its outcome and the 40- and 150-step losses it read;
   budget.json records the decision, which admission follows, and keeps pair1's budget at every length."""
   from opd_jax.experiments import horizon
-  from opd_jax.experiments.study_tables import seed_rows
+  from study.tables.study import seed_rows
   test = horizon.decide([r for name in ("sources", "noise_75", "noise_40") for r in seed_rows(RESULTS, name)], 0.05)
   assert [p["steps"] for p in test["lengths"]] == [40, 75, 150] and all(len(p["seeds"]) == 3 for p in test["lengths"])
   readme = " ".join(_read("README.md").split())
@@ -423,7 +423,7 @@ def test_the_layer_0_finding_is_recomputed_from_the_shipped_scans():
   """docs/study.md: in every embedded pair the first decoder layer adds the most fp8 k3 of any layer, the fitted
   recipe keeps just that layer in bf16, and that cuts the whole-model k3 by 2.7x (pair2) to 5.6x (pair3)
   (results/sensitivity/<pair>/)."""
-  from opd_jax.experiments.study_tables import sensitivity_files
+  from study.tables.study import sensitivity_files
   scans = sensitivity_files(RESULTS)
   assert [scan["pair"] for scan, _ in scans] == ["pair1", "pair2", "pair3"]
   cuts = {}
@@ -493,21 +493,22 @@ def _bench_row(run_started: str, engine: str, tok_s: float, hf: float, f32: floa
 
 
 def test_the_sampler_benchmark_table_is_the_files_last_run_and_the_guard_divides_ratios(tmp_path):
-  from opd_jax.experiments import bench_tables
-  bench = tmp_path / "bench"
-  bench.mkdir()
+  from opd_jax.bench.revisions import compare_runs
+  from study.tables import bench
+  bench_dir = tmp_path / "bench"
+  bench_dir.mkdir()
   rows = [_bench_row("t0", "transformers generate fp32", 100.0, 100.0, None),
           _bench_row("t0", "opd_jax w=fp8 kv=native", 50.0, 100.0, 200.0),
           _bench_row("t1", "transformers generate fp32", 120.0, 120.0, None),
           _bench_row("t1", "opd_jax w=fp8 kv=native", 240.0, 120.0, 250.0)]
-  (bench / "sampler.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  table = bench_tables.tables(str(tmp_path))["sampler speed: m, eos off"]
+  (bench_dir / "sampler.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  table = bench.tables(str(tmp_path))["sampler speed: m, eos off"]
   assert "| opd_jax, w=fp8 kv=native | 8 | 240 | 2.00x | 0.96x |" in table and "0.50x" not in table
   # The guard: each run's ratio to transformers first (drift cancels), medians per tree, then this / rev.
   this = [[_bench_row("a", "opd_jax w=fp8 kv=native", 300.0, 100.0, None)],
           [_bench_row("b", "opd_jax w=fp8 kv=native", 100.0, 50.0, None)]]
   rev = [[_bench_row("c", "opd_jax w=fp8 kv=native", 80.0, 80.0, None)],
          [_bench_row("d", "opd_jax w=fp8 kv=native", 40.0, 40.0, None)]]
-  (result,) = bench_tables.compare_runs({"this": this, "rev": rev})
+  (result,) = compare_runs({"this": this, "rev": rev})
   assert result["this_vs_transformers"] == 2.5 and result["rev_vs_transformers"] == 1.0
   assert result["this_over_rev"] == 2.5

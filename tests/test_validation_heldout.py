@@ -1,4 +1,4 @@
-"""The pre-registered held-out validation (configs/sweeps/validation_heldout.py, opd_jax/experiments/heldout.py),
+"""The pre-registered held-out validation (configs/sweeps/validation_heldout.py, study/analysis/heldout.py),
 before and after its runs: the shipped selection is what the written rule gives on the shipped screens; it meets
 the pre-registration (>= 16 configurations, half near the budget as admission judges them, real recipes); no
 selected configuration, seed or run was used by a shipped run; every pair and seed trains its own baseline."""
@@ -14,7 +14,7 @@ import pytest
 from configs import common
 from configs.sweeps import validation_heldout as sweep_config
 from opd_jax.errors import InputError
-from opd_jax.experiments import heldout
+from study.analysis import heldout
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening import admission
@@ -49,7 +49,7 @@ def _validation_rows() -> dict[str, list[dict]]:
 
 
 def test_the_selection_is_the_rule_applied_to_the_shipped_screens(selected, budget_file, monkeypatch):
-  monkeypatch.chdir(REPO)  # the selection records repo-relative paths, as launch/heldout_screen.py writes them
+  monkeypatch.chdir(REPO)  # the selection records repo-relative paths, as study/heldout_screen.py writes them
   screens = {p: read_json(s["file"], "screen") for p, s in selected["screens"].items()}
   similar = {path: read_jsonl(path) for path in selected["cost_estimate"]["from"]}
   again = heldout.selection_file(screens, {p: s["file"] for p, s in selected["screens"].items()}, budget_file,
@@ -60,7 +60,7 @@ def test_the_selection_is_the_rule_applied_to_the_shipped_screens(selected, budg
 
 def test_every_screen_measured_the_whole_pool_as_the_validation_will(selected):
   """Each screen holds every pool candidate (measured, or excluded as trained before), measured on the calibration
-  batch launch/report.py --validate uses, at the sweep's run length."""
+  batch study/report.py --validate uses, at the sweep's run length."""
   names = [heldout.point_name(o) for o in heldout.candidate_pool()]
   assert len(set(names)) == len(names)
   for pair, s in selected["screens"].items():

@@ -1,7 +1,7 @@
 """Held-out configurations near the budget, for validating the admission check where it can be wrong: noise
 levels between the calibration sweep's points (configs/sweeps/sources.py trains 0.1, 0.15, 0.2, 0.3), aimed
 at k3 within 3x of the budget (default pair1; pairs=pair3 etc. for the others). Run once per seed;
-`launch/report.py --validate --heldout_results=...` judges each configuration by its seed-mean quality loss
+`study/report.py --validate --heldout_results=...` judges each configuration by its seed-mean quality loss
 (each seed against the same seed's baseline).
 
   for s in 0 1 2; do for p in pair1 pair3; do python launch/sweep.py \

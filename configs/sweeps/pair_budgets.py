@@ -4,7 +4,7 @@
     python launch/sweep.py --config=configs/sweeps/pair_budgets.py:pairs=$p,seed=$s \
         --workdir=runs/pair_budgets_${p}_seed$s; done; done
   for s in 0 1 2; do cat runs/pair_budgets_pair{1,2,3}_seed$s/results.jsonl > results/pair_budgets_seed$s.jsonl; done
-  python launch/pair_budgets.py --results=results/pair_budgets_seed0.jsonl --results=results/pair_budgets_seed1.jsonl \
+  python -m study.pair_budgets --results=results/pair_budgets_seed0.jsonl --results=results/pair_budgets_seed1.jsonl \
       --results=results/pair_budgets_seed2.jsonl --out=results/pair_budgets.json
 
 The calibrated per-pair budgets (results/budget.json, run-mean k3 at 150 steps) are pair1 0.31, pair2 0.71,
@@ -26,7 +26,7 @@ Decision rule (fixed before running):
 A third point, a real recipe no calibration point uses ("w_int3_kv_int4": int3 weights per channel and an int4 KV
 cache; screened k3 0.35 / 1.99 / 0.77 on pair1/2/3, so pair1's per-pair budget rejects it and the pooled one
 admits it), runs with the same seeds and baselines. It and the two aimed points are the held-out validation
-(launch/report.py --validate --heldout_results=...); it is not used for the decision.
+(study/report.py --validate --heldout_results=...); it is not used for the decision.
 """
 
 from configs.sweeps.common import sweep_config

@@ -1,7 +1,7 @@
 """Held-out quantization recipes near the budget: 3-bit weights (per channel, the GPTQ / llama.cpp Q3 grid),
 which the admission check screens at k3 0.24 / 1.98 / 0.48 on pair1 / pair2 / pair3 (0.8x / 2.8x / 1.8x
 their budgets), so the same recipe is predicted to pass on one pair and fail on the others. Not a calibration
-point: `launch/report.py --validate --heldout_results=...` judges it by its seed-mean quality loss, each seed
+point: `study/report.py --validate --heldout_results=...` judges it by its seed-mean quality loss, each seed
 against the same seed's baseline.
 
   for s in 0 1 2; do python launch/sweep.py --config=configs/sweeps/recipes.py:seed=$s \

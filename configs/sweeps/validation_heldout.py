@@ -14,11 +14,11 @@ Held out by construction:
 - rows carry a run_id (config + seed + code version hash), so a later check can show no run is shared.
 
 The points (results/validation_heldout/selected.json, read below) come from a screen and a written rule
-(opd_jax/experiments/heldout.py, `RULE`): a pool of real recipes (weights int8 / fp8 / fp8_tensor / int4 / int3 /
+(study/analysis/heldout.py, `RULE`): a pool of real recipes (weights int8 / fp8 / fp8_tensor / int4 / int3 /
 int2, embedding-quantized int4 / int3, KV int8 / fp8 / int4, weight + KV combinations, staleness 2-16 alone and on
 a recipe) and weight noise at sigmas no shipped run used (noise_seed fixed at 0: each seed trains the draw the
 screen measured), screened by the admission check launch/admit.py runs (128 prompts, seed 0, the calibration batch
-launch/report.py --validate measures on), judged by admission.admit_value with results/budget.json at 150 steps.
+study/report.py --validate measures on), judged by admission.admit_value with results/budget.json at 150 steps.
 Per pair: 3 "near" (compared k3 within x/÷ 1.5 of the budget: the first at or below it, the first above it, one
 more) and 3 "far" (the first below the band, the first above it, one more); "first" ranks real recipes first, then
 the closest to the budget, then by name. 18 configurations, 9 near.
@@ -26,9 +26,9 @@ the closest to the budget, then by name. 18 configurations, 9 near.
 Commands (in order; 1-2 are done and committed with this file, 3-4 run after the commit):
   1. screen (admission only, no training; 5.6 min for the three pairs on 2 busy CPU cores with a warm XLA
      compilation cache, the screens' `seconds`):
-       for p in pair1 pair2 pair3; do python launch/heldout_screen.py --pair=$p; done
+       for p in pair1 pair2 pair3; do python -m study.heldout_screen --pair=$p; done
   2. select (the rule on the screen files; reproduced by tests/test_validation_heldout.py):
-       python launch/heldout_screen.py --select
+       python -m study.heldout_screen --select
   3. the sweep, 63 runs (18 points + 3 baselines, x 3 seeds); about 1.5 h of wall time on 2 CPU cores, from the
      mean wall time of the same pairs' 150-step runs in results/pair_budgets_seed*.jsonl (selected.json
      `cost_estimate`). A point that fails is retried by rerunning the same command; none is dropped or replaced:
@@ -39,7 +39,7 @@ Commands (in order; 1-2 are done and committed with this file, 3-4 run after the
        done; done
   4. judge with the shipped rule (each results file is one pair and seed with its own baseline; the --results are
      the calibration rows budget.json was fitted on, which validate() checks no held-out point repeats):
-       python launch/report.py --validate --results=results/sources.jsonl \
+       python -m study.report --validate --results=results/sources.jsonl \
            --results=results/replicated/sources_seed1.jsonl --results=results/replicated/sources_seed2.jsonl \
            --seed_means --admission_k3=results/admission_k3.jsonl --tolerance=0.05 \
            $(for s in 3 4 5; do for p in pair1 pair2 pair3; do
@@ -63,7 +63,7 @@ from configs.sweeps.common import PAIRS, sweep_config
 from configs.common import REPO, parse_arg
 
 SELECTED = os.path.join(REPO, "results", "validation_heldout", "selected.json")
-SEEDS = (3, 4, 5)  # opd_jax.experiments.heldout.SEEDS
+SEEDS = (3, 4, 5)  # study.analysis.heldout.SEEDS
 
 
 def selected_points(path: str = SELECTED) -> dict[str, list[dict]]:

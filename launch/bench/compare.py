@@ -46,7 +46,7 @@ def _run_bench(tree: str, bench_args: list[str], out: str) -> list[dict]:
 
 
 def run(bench_args: list[str]):
-  from opd_jax.experiments.bench_tables import compare_runs
+  from opd_jax.bench.revisions import compare_runs
   if not _REV.value:
     from opd_jax.errors import InputError
     raise InputError("--rev is required: the revision to compare the working tree with")

@@ -6,7 +6,7 @@ template below is applied to every subject of its kind. OPD needs no answers, so
 "prompt" and their "source" ("chat"; capital questions: "capitals"), which `data.mix` weights. Capital
 questions carry an "answer" and `"grader": "contains"` (the capital named on the response's
 first line) only for the countries in sources.json's "teacher_known_capitals": those whose capital the
-teacher names correctly in greedy decoding (launch/build_chat_prompts.py measures it), so accuracy is
+teacher names correctly in greedy decoding (study/build_chat_prompts.py measures it), so accuracy is
 reported on a task where the teacher is reliable; the other countries' questions are plain prompts.
 
 Split: a subject (or country) goes to the held-out set by a hash of its text (`HELDOUT_SHARE` of subjects,

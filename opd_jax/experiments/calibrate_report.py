@@ -71,7 +71,7 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
   sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
   for that length. `seed_means`: each point is the mean over its seeds (runs of one pair, point and length from
   several results files), with a bootstrap that resamples points and then seeds within them. `admission_k3`
-  (launch/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by."""
+  (study/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by."""
   scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
   usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if seed_means:
@@ -130,16 +130,16 @@ def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: 
 
 
 def pair_test_entry(path: str) -> dict:
-  """budget.json's `per_pair_test`: the pre-registered per-pair decision (launch/pair_budgets.py) in short."""
+  """budget.json's `per_pair_test`: the pre-registered per-pair decision (study/pair_budgets.py) in short."""
   from opd_jax.experiments.files import read_json
   test = read_json(path, "per-pair test file")
   if test.get("decision") not in ("per_pair", "pooled"):
     raise InputError(f"--pair_test={path!r}: 'decision' is {test.get('decision')!r}, expected 'per_pair' or "
-                     "'pooled'; make the file with launch/pair_budgets.py")
+                     "'pooled'; make the file with study/pair_budgets.py")
   keys = ("decision", "rule", "outcome", "decision_point", "tolerance")
   missing = [k for k in keys if k not in test]
   if missing:
-    raise InputError(f"--pair_test={path!r} lacks {missing}; make the file with launch/pair_budgets.py")
+    raise InputError(f"--pair_test={path!r} lacks {missing}; make the file with study/pair_budgets.py")
   return {"file": path, **{k: test[k] for k in keys}}
 
 

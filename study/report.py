@@ -1,14 +1,14 @@
-"""Report: python launch/report.py --results=DIR/results.jsonl [--results=...] --budget=budget.json --out=report/
+"""Report: python -m study.report --results=DIR/results.jsonl [--results=...] --budget=budget.json --out=report/
     [--sensitivity=runs/sensitivity_pair1/sensitivity_fp8_e4m3.json ...] [--prefix_shift=.../prefix_shift.json]
     [--validation=validation.json]
-  python launch/report.py --rejudge --validation=results/validation_pairs.json --budget=results/budget.json
-  python launch/report.py --figures=docs/img      # the study's figures, from the shipped results/ files
+  python -m study.report --rejudge --validation=results/validation_pairs.json --budget=results/budget.json
+  python -m study.report --figures=docs/img      # the study's figures, from the shipped results/ files
 
 Writes PNG plots and out/report.html (self-contained). With --validate, first runs the admission-check
 validation (held-out sweep points, judged with --budget as launch/admit.py judges them) and writes
 out/validation.json. With --rejudge, judges a stored validation's measurements again with --budget (no measuring)
 and writes the file back; without --results it writes no report. With --figures=DIR, draws only the study's figures
-(quality vs mismatch, mismatch per source) from the shipped files opd_jax/experiments/figures.py lists, each with a
+(quality vs mismatch, mismatch per source) from the shipped files study/analysis/figures.py lists, each with a
 DIR/<name>.png.inputs.json sidecar holding the command and the sha256 of every input (tests/test_figures.py
 checks docs/img against them).
 """
@@ -22,7 +22,7 @@ from launch import _cli
 _RESULTS = flags.DEFINE_multi_string("results", [], "Sweep results.jsonl files.")
 _BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py.")
 _SENSITIVITY = flags.DEFINE_multi_string("sensitivity", [], "sensitivity_*.json from launch/sensitivity.py.")
-_PREFIX = flags.DEFINE_string("prefix_shift", None, "prefix_shift.json from launch/prefix_shift.py.")
+_PREFIX = flags.DEFINE_string("prefix_shift", None, "prefix_shift.json from study/prefix_shift.py.")
 _VALIDATION = flags.DEFINE_string("validation", None, "validation.json (existing, or written by --validate).")
 _VALIDATE = flags.DEFINE_bool("validate", False, "Run the admission validation first.")
 _REJUDGE = flags.DEFINE_bool("rejudge", False, "Judge --validation's stored measurements again with --budget (the "
@@ -35,19 +35,19 @@ _EXCLUDE = flags.DEFINE_list("heldout_exclude", [], "--validate: pair/point rows
                               "(e.g. pair3/k3_low when it repeats a calibration configuration).")
 _SEED_MEANS = flags.DEFINE_bool("seed_means", False, "--validate: calibrate on seed means, as launch/calibrate.py "
                                  "--seed_means (give every seed's --results file).")
-_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "--validate: launch/admission_k3.py's measurements of the "
+_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "--validate: study/admission_k3.py's measurements of the "
                                     "calibration points; the budget carries the step-0 / run-mean k3 factor, as "
                                     "launch/calibrate.py --admission_k3.")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")
 _PROMPTS = flags.DEFINE_integer("prompts", 128, "Calibration prompts for validation's admission checks.")
 _OUT = flags.DEFINE_string("out", "report", "Output directory.")
 _FIGURES = flags.DEFINE_string("figures", None, "Draw only the study's figures, from the shipped results/ files "
-                               "opd_jax/experiments/figures.py lists, into this directory (docs/img), with inputs "
+                               "study/analysis/figures.py lists, into this directory (docs/img), with inputs "
                                "sidecars; takes no other input flag.")
 
 
 def run():
-  from opd_jax.experiments import report
+  from study.analysis import report
   from opd_jax.errors import InputError
   if _FIGURES.value:
     _draw_figures()
@@ -61,7 +61,7 @@ def run():
                      "--validate")
   if _REJUDGE.value:
     from opd_jax.experiments.files import read_budget, read_json, write_json
-    from opd_jax.experiments.validation import rejudge
+    from study.analysis.validation import rejudge
     if _VALIDATE.value or not validation or not _BUDGET.value:
       raise InputError("--rejudge needs --validation=FILE and --budget=budget.json, and no --validate")
     result = rejudge(read_json(validation, "validation file"), read_budget(_BUDGET.value), _BUDGET.value)
@@ -75,7 +75,7 @@ def run():
     from opd_jax.experiments.calibrate_report import load_rows
     from opd_jax.experiments.files import read_admission_k3, read_budget, write_json
     from opd_jax.experiments.files import file_hash
-    from opd_jax.experiments.validation import validate
+    from study.analysis.validation import validate
     if _HELDOUT.value and not _BUDGET.value:
       raise InputError("--validate with --heldout_results judges them with the budget file admission uses: give "
                        "--budget=results/budget.json")
@@ -106,11 +106,11 @@ def run():
 
 def _draw_figures():
   from opd_jax.errors import InputError
-  from opd_jax.experiments import figures
+  from study.analysis import figures
   given = [f"--{f.name}" for f in (_RESULTS, _BUDGET, _SENSITIVITY, _PREFIX, _VALIDATION, _VALIDATE, _REJUDGE,
                                    _HELDOUT, _EXCLUDE, _SEED_MEANS, _ADMISSION_K3) if f.present]
   if given:
-    raise InputError(f"--figures draws from the fixed list of shipped files in opd_jax/experiments/figures.py; "
+    raise InputError(f"--figures draws from the fixed list of shipped files in study/analysis/figures.py; "
                      f"drop {', '.join(given)} (or drop --figures for a report of your own files)")
   for path in figures.render(_FIGURES.value):
     print(f"wrote {path} and {os.path.basename(path)}{figures.SIDECAR}")

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
+from opd_jax.errors import InputError
 from opd_jax.experiments.calibrate_report import build_budget
 from opd_jax.experiments.files import file_hash
 from opd_jax.experiments.intervals import cluster_interval, wilson_interval
 from opd_jax.experiments.sweep import BASELINE, set_field
-from opd_jax.errors import InputError
 from opd_jax.mismatch import budget as budget_lib
 from opd_jax.screening import admission
 
@@ -94,7 +94,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
              seed_means: bool = False, admission_k3: list[dict] | None = None, log=print) -> dict:
   """`budget_file`: the budget file admission reads (required with `heldout`: the held-out points are judged
   with it; with the hash hold-out its pre-registered decisions go into the budget fitted without the held-out
-  points). `admission_k3`: launch/admission_k3.py rows of the calibration points, for the hash hold-out's budget
+  points). `admission_k3`: study/admission_k3.py rows of the calibration points, for the hash hold-out's budget
   (its measured step-0 / run-mean k3 factor, opd_jax.screening.k3_conversion)."""
   from opd_jax.rollout.config import RolloutConfig
   from opd_jax.screening.calibration import Calibration
@@ -202,7 +202,7 @@ def compare_with_rules(validation: dict) -> dict:
       else:
         ranges.append([low, high])
   rules[ORACLE] = {**entry(best, n), "thresholds": ranges}
-  from opd_jax.experiments import heldout
+  from study.analysis import heldout
   try:  # needs the budget file's calibration points with their admission k3 (k3_conversion)
     threshold = heldout.calibration_constant(budget_file)["threshold"]
   except (InputError, KeyError):

@@ -1,6 +1,6 @@
 """Prefix-shift analysis of sampler weight noise (see opd_jax/mismatch/prefix_shift.py).
 
-  python launch/prefix_shift.py --config=configs/pair1.py --noise=0.01,0.03,0.1 [--out=DIR]
+  python -m study.prefix_shift --config=configs/pair1.py --noise=0.01,0.03,0.1 [--out=DIR]
 
 Prints a table over the sigma grid and writes DIR/prefix_shift.json and DIR/prefix_shift.png.
 """
@@ -21,7 +21,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
 
 
 def run():
-  from opd_jax.experiments import prefix_shift_report
+  from study.analysis import prefix_shift
   try:
     sigmas = [float(s) for s in _NOISE.value]
   except ValueError:
@@ -30,7 +30,7 @@ def run():
     raise InputError("--noise needs one or more sigma >= 0")
   config = _CONFIG.value
   out = _OUT.value or os.path.join("runs", f"prefix_shift_{config.pair}")
-  prefix_shift_report.run(config, sigmas, out, num_prompts=_PROMPTS.value, seed=_SEED.value)
+  prefix_shift.run(config, sigmas, out, num_prompts=_PROMPTS.value, seed=_SEED.value)
 
 
 def main(argv):

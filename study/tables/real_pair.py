@@ -16,9 +16,9 @@ import math
 import os
 import re
 
-from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.files import read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
+from study.tables.markdown import md_table
 
 
 def _f(x, digits: int = 3) -> str:

@@ -1,6 +1,6 @@
 """The results page (markdown) from the shipped result files: printed, or written to --out.
 
-  python launch/results_tables.py --out=docs/results.md [--results_dir=results]
+  python -m study.results_tables --out=docs/results.md [--results_dir=results]
 
 tests/test_results.py checks that docs/results.md is what this writes, and that every table README.md and the
 other docs pages quote is one of these, verbatim.
@@ -20,7 +20,7 @@ _OUT = flags.DEFINE_string("out", "", "Write the page here (whole-file write) in
 
 def run():
   from opd_jax.experiments.files import write_text
-  from opd_jax.experiments.results_tables import all_tables, render_page
+  from study.tables.results import all_tables, render_page
   if not os.path.isdir(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} is not a folder; the shipped results are in results/")
   if _OUT.value and os.path.isdir(_OUT.value):

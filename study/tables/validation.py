@@ -1,5 +1,5 @@
 """The admission check's validations as tables: each held-out configuration's verdict against its real runs, the
-shipped rule next to simple rules (experiments.validation.compare_with_rules), and the two k3 quantities side by
+shipped rule next to simple rules (study.analysis.validation.compare_with_rules), and the two k3 quantities side by
 side. Used by the results page for validation.json and by the study tables for the fresh-seed and held-out
 validations."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from opd_jax.experiments.markdown import g3, md_table
-from opd_jax.experiments.validation import admission_vs_run_k3, compare_with_rules
+from study.analysis.validation import admission_vs_run_k3, compare_with_rules
+from study.tables.markdown import g3, md_table
 
 
 def validation_table(validation: dict) -> str:
@@ -32,7 +32,7 @@ def validation_table(validation: dict) -> str:
 
 def validation_rules_table(validation: dict) -> str:
   """The shipped admission rule's agreement next to reject-all, admit-all, the per-pair counterfactual, the
-  hindsight oracle and the constant fitted on calibration points (experiments.validation.compare_with_rules), seed
+  hindsight oracle and the constant fitted on calibration points (study.analysis.validation.compare_with_rules), seed
   by seed, and on the near configurations alone, each with its interval's kind."""
   compared = compare_with_rules(validation)
   body = []
@@ -47,7 +47,7 @@ def validation_rules_table(validation: dict) -> str:
 
 
 def k3_quantities_table(validation: dict) -> str:
-  """Admission-time k3 against the run-mean k3 the budgets are calibrated on (experiments.validation
+  """Admission-time k3 against the run-mean k3 the budgets are calibrated on (study.analysis.validation
   .admission_vs_run_k3), per held-out configuration, with the geometric mean ratio; with a conversion, the
   factor each row was divided by (fitted on calibration points only) and the out-of-sample residual."""
   compared = admission_vs_run_k3(validation)

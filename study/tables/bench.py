@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import glob
 import os
-import statistics
 
-from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.files import read_json, read_jsonl
+from study.tables.markdown import md_table
 
 SAMPLER = "results/bench/sampler.jsonl"
 SOURCES: dict[str, str] = {}
@@ -54,24 +53,6 @@ def compare_table(comparison: dict) -> str:
   body = [[c["engine"], f"{c['this_vs_transformers']:.2f}x", f"{c['rev_vs_transformers']:.2f}x",
            f"{c['this_over_rev']:.2f}x"] for c in comparison["comparison"]]
   return md_table(["engine", "this tree vs transformers", f"{comparison['rev']} vs transformers", "this / rev"], body)
-
-
-def compare_runs(rows: dict[str, list[list[dict]]]) -> list[dict]:
-  """{"this": runs, "rev": runs} (a run: its benchmark rows) -> per (target, mode, engine) the median over runs of
-  each run's vs_transformers on each tree and their ratio, this / rev. Dividing by transformers' figure of the
-  same run first cancels the host's drift between runs."""
-  ratios: dict[tuple, dict[str, list[float]]] = {}
-  for tree, runs in rows.items():
-    for run_rows in runs:
-      for row in run_rows:
-        key = (row["target"], row["mode"], row["engine"])
-        ratios.setdefault(key, {}).setdefault(tree, []).append(row["vs_transformers"])
-  table = []
-  for (target, mode, engine), by_tree in ratios.items():
-    here, there = statistics.median(by_tree["this"]), statistics.median(by_tree["rev"])
-    table.append(dict(target=target, mode=mode, engine=engine, this_vs_transformers=here,
-                      rev_vs_transformers=there, this_over_rev=here / there))
-  return table
 
 
 ARMS = {"bf16": "bf16 weights + bf16 KV", "fp8": "fp8 weights + fp8 KV"}  # device_check.sh's rollout arms

@@ -1,5 +1,5 @@
 """The result tables, rendered from the shipped result files (results/), so the numbers in the docs are the
-numbers in the files: `python launch/results_tables.py --out=docs/results.md` writes the results page, and
+numbers in the files: `python -m study.results_tables --out=docs/results.md` writes the results page, and
 tests/test_results.py checks that docs/results.md is what results/ generates, and that every table the README and
 the other docs pages quote is one of these, verbatim.
 
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 
-from opd_jax.experiments import (bench_tables, comparison_tables, pair_tables, real_pair_tables, serving_tables,
-                                 study_tables)
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
-from opd_jax.experiments.markdown import g3, md_table
 from opd_jax.experiments.sweep import fill_deltas
-from opd_jax.experiments.validation import admission_vs_run_k3
-from opd_jax.experiments.validation_tables import k3_quantities_table, validation_rules_table, validation_table
+from study.analysis.validation import admission_vs_run_k3
+from study.tables import bench, comparison, pairs, real_pair, serving, study
+from study.tables.markdown import g3, md_table
+from study.tables.validation import k3_quantities_table, validation_rules_table, validation_table
 
 SWEEPS = ("sources", "sources_pair3_seed1", "sources_pair3_seed2", "noise_75", "staleness_lr4", "staleness_lr4_fkl",
           "corrections", "corrections_grpo")  # results/<name>.jsonl
@@ -106,7 +105,7 @@ def importance_table(rows: list[dict]) -> str:
 
 
 def corrections_table(prefix_shift: dict) -> str:
-  """Per sigma and correction kind, from launch/prefix_shift.py's JSON."""
+  """Per sigma and correction kind, from study/prefix_shift.py's JSON."""
   body = []
   signed = lambda x: "n/a" if x is None else f"{x:+.4f}"
   for row in prefix_shift["rows"]:
@@ -187,7 +186,7 @@ def host_rss_table(rows: list[dict]) -> str:
 
 def all_tables(results_dir: str) -> dict[str, str]:
   """Title -> markdown table for every result file present in `results_dir` (the results page's order)."""
-  tables = pair_tables.tables(results_dir)
+  tables = pairs.tables(results_dir)
   for name in SWEEPS:
     path = os.path.join(results_dir, f"{name}.jsonl")
     if os.path.exists(path):
@@ -231,18 +230,18 @@ def all_tables(results_dir: str) -> dict[str, str]:
   host_path = os.path.join(results_dir, "host_rss.jsonl")
   if os.path.exists(host_path):
     tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
-  tables.update(real_pair_tables.tables(results_dir))
-  tables.update(serving_tables.tables(results_dir))
-  tables.update(study_tables.tables(results_dir))
-  tables.update(comparison_tables.tables(results_dir))
-  tables.update(bench_tables.tables(results_dir))
+  tables.update(real_pair.tables(results_dir))
+  tables.update(serving.tables(results_dir))
+  tables.update(study.tables(results_dir))
+  tables.update(comparison.tables(results_dir))
+  tables.update(bench.tables(results_dir))
   return tables
 
 
 PAGE_HEADER = """# Results
 
 Every table below is rendered from the result files shipped in `results/` by
-`python launch/results_tables.py --out=docs/results.md`; do not edit this page by hand (a test fails when it is
+`python -m study.results_tables --out=docs/results.md`; do not edit this page by hand (a test fails when it is
 not what `results/` generates). How each file is made, and what the numbers mean, is in [study.md](study.md)
 (the embedded pairs), [real_pair.md](real_pair.md) (SmolLM2) and [real_scale.md](real_scale.md) (plans).
 """
@@ -250,7 +249,7 @@ not what `results/` generates). How each file is made, and what the numbers mean
 
 def source_of(title: str) -> str:
   """The shipped file (or folder) a table of all_tables is rendered from."""
-  for sources in (pair_tables.SOURCES, study_tables.SOURCES, comparison_tables.SOURCES, bench_tables.SOURCES):
+  for sources in (pairs.SOURCES, study.SOURCES, comparison.SOURCES, bench.SOURCES):
     if title in sources:
       return sources[title]
   kind, _, name = title.partition(" ")
@@ -285,6 +284,6 @@ def render_page(results_dir: str) -> str:
   """docs/results.md: every table of all_tables, each under its title with the file it comes from."""
   parts = [PAGE_HEADER]
   for title, table in all_tables(results_dir).items():
-    caption = f" {bench_tables.CAPTIONS[title]}." if title in bench_tables.CAPTIONS else ""
+    caption = f" {bench.CAPTIONS[title]}." if title in bench.CAPTIONS else ""
     parts.append(f"## {title}\n\nFrom `{source_of(title)}`.{caption}\n\n{table}\n")
   return "\n".join(parts)

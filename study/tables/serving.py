@@ -15,8 +15,8 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_jsonl, read_results
-from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.sweep import fill_deltas
+from study.tables.markdown import md_table
 
 
 def served_table(rows: list[dict]) -> str:

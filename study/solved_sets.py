@@ -1,6 +1,6 @@
 """Which held-out problems trained students solve, and how much their solved sets overlap:
 
-  python launch/solved_sets.py --config=configs/pair2.py --run=NAME=WORKDIR/export [--run=...] --out=sets.json
+  python -m study.solved_sets --config=configs/pair2.py --run=NAME=WORKDIR/export [--run=...] --out=sets.json
 
 Greedy answers through transformers (the test extra: torch) on the config's held-out problems (train.eval_size
 of them, the same the training loop evaluates); prints each run's solved count by number of terms and, per pair of
@@ -23,7 +23,7 @@ _SIZE = flags.DEFINE_integer("problems", 256, "Held-out problems (the sweeps eva
 def run():
   from opd_jax.data.problems import get_problems
   from opd_jax.errors import InputError
-  from opd_jax.experiments import solved_sets
+  from study.analysis import solved_sets
   from opd_jax.experiments.files import write_json
   from opd_jax.spec import DataSpec
   if _SIZE.value < 1:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from opd_jax.experiments.files import write_json
+from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening.calibration import Calibration
 from opd_jax.screening.prefix_shift import analyze
-from opd_jax.rollout.config import RolloutConfig
 
 _COLUMNS = (("sigma", "sigma", "{:.3g}"), ("same_prefix_k3", "k3 same", "{:.3g}"),
             ("own_tokens_k3", "k3 own", "{:.3g}"), ("prefix_kl_clean", "KL clean", "{:.4f}"),

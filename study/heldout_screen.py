@@ -1,9 +1,9 @@
 """Screen and select the pre-registered held-out validation (configs/sweeps/validation_heldout.py); no training.
 
-  python launch/heldout_screen.py --pair=pair1     # -> results/validation_heldout/screen_pair1.json
-  python launch/heldout_screen.py --select         # the rule on the three screens -> .../selected.json
+  python -m study.heldout_screen --pair=pair1     # -> results/validation_heldout/screen_pair1.json
+  python -m study.heldout_screen --select         # the rule on the three screens -> .../selected.json
 
---pair measures every candidate of opd_jax.experiments.heldout's pool that the pair never trained in a shipped
+--pair measures every candidate of study.analysis.heldout's pool that the pair never trained in a shipped
 results file, with the admission check launch/admit.py --candidates runs, and judges it with --budget at the
 sweep's 150 steps. --select applies the written rule (heldout.RULE) to the screen files and writes the points the
 sweep config reads, with the sweep's cost estimated from the wall time of similar shipped runs.
@@ -28,7 +28,7 @@ _SIMILAR = flags.DEFINE_list("similar", ["results/pair_budgets_seed0.jsonl", "re
 
 def screen(pair: str) -> None:
   from configs import common
-  from opd_jax.experiments import heldout
+  from study.analysis import heldout
   from opd_jax.experiments.files import read_budget, write_json
   from opd_jax.planning.memory_plan import GIB, resolve_model
   if pair not in heldout.PAIRS:
@@ -49,7 +49,7 @@ def screen(pair: str) -> None:
 
 
 def select() -> None:
-  from opd_jax.experiments import heldout
+  from study.analysis import heldout
   from opd_jax.experiments.files import read_budget, read_json, read_jsonl, write_json
   paths = {p: os.path.join(_OUT.value, f"screen_{p}.json") for p in heldout.PAIRS}
   missing = [path for path in paths.values() if not os.path.isfile(path)]

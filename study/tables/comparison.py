@@ -21,10 +21,10 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_jsonl, read_results
-from opd_jax.experiments.markdown import md_table
-from opd_jax.experiments.real_pair_tables import _pct
 from opd_jax.experiments.sweep import fill_deltas
 from opd_jax.screening.k3_conversion import point_key
+from study.tables.markdown import md_table
+from study.tables.real_pair import _pct
 
 SOURCES = {"OPD vs GRPO (pair1, 700 steps)": "results/pair1_main/, results/grpo_main/",
            "GRPO under mismatch (pair1, 150 steps)":

@@ -1,9 +1,9 @@
 """The study's replicated tables, rendered from shipped files (how each is made: docs/study.md):
 
   prefix_shift_pair1.json, prefix_shift_pair1_seed<S>.json
-                        launch/prefix_shift.py --seed=S (seed 0 is the unsuffixed file): the prefix shift and the
+                        study/prefix_shift.py --seed=S (seed 0 is the unsuffixed file): the prefix shift and the
                         per-token estimate errors over seeds, with the spread between them
-  pair_budgets.json     launch/pair_budgets.py: the pre-registered per-pair budget test and its decision
+  pair_budgets.json     study/pair_budgets.py: the pre-registered per-pair budget test and its decision
   replicated/sources_seed<S>.jsonl, replicated/noise_75_seed<S>.jsonl, budget.json
                         configs/sweeps/sources.py:seed=S and noise.py:steps=75,grid=bound,seed=S: every calibration
                         point again with seeds 1 and 2 (seed 0 is results/sources.jsonl and noise_75.jsonl), and
@@ -12,7 +12,7 @@
                         the budgets calibrated on seed 0 alone (admission's budgets before the replicated calibration)
   replicated/noise_40_seed<S>.jsonl
                         configs/sweeps/noise.py:steps=40,grid=bound,seed=S: the third run length of the horizon test
-  validation_pairs.json launch/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
+  validation_pairs.json study/report.py --validate on configs/sweeps/pair_budgets.py's runs: held-out points with
                         three fresh seeds and fresh baselines, next to the simple rules
   sensitivity/<pair>/sensitivity_<precision>.json, recipe_<precision>.json
                         launch/sensitivity.py --config=configs/<pair>.py --out=results/sensitivity/<pair>: which
@@ -27,8 +27,8 @@ import os
 import numpy as np
 
 from opd_jax.experiments.files import read_json
-from opd_jax.experiments import validation_tables
-from opd_jax.experiments.markdown import md_table
+from study.tables import validation
+from study.tables.markdown import md_table
 
 SOURCES = {"prefix shift over seeds (pair1)": "results/prefix_shift_pair1*.json",
            "corrections over seeds (prefix shift, pair1)": "results/prefix_shift_pair1*.json",
@@ -189,7 +189,7 @@ def sensitivity_files(results_dir: str) -> list[tuple[dict, dict]]:
 
 
 def tables(results_dir: str) -> dict[str, str]:
-  from opd_jax.experiments.validation import admission_vs_run_k3
+  from study.analysis.validation import admission_vs_run_k3
   out = {}
   runs = prefix_shift_files(results_dir)
   if len(runs) > 1:
@@ -222,11 +222,11 @@ def tables(results_dir: str) -> dict[str, str]:
                       ("validation_heldout.json", "held-out validation (pre-registered)")):
     path = os.path.join(results_dir, name)
     if os.path.exists(path):
-      validation = read_json(path, "validation file")
-      out[title] = validation_tables.validation_table(validation)
-      out[f"{title} against simple rules"] = validation_tables.validation_rules_table(validation)
-      if admission_vs_run_k3(validation)["n"]:
-        out[f"{title}: admission k3 vs run-mean k3"] = validation_tables.k3_quantities_table(validation)
+      judged = read_json(path, "validation file")
+      out[title] = validation.validation_table(judged)
+      out[f"{title} against simple rules"] = validation.validation_rules_table(judged)
+      if admission_vs_run_k3(judged)["n"]:
+        out[f"{title}: admission k3 vs run-mean k3"] = validation.k3_quantities_table(judged)
   scans = sensitivity_files(results_dir)
   if scans:
     out["quantization sensitivity (embedded pairs)"] = sensitivity_table(scans)

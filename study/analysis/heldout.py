@@ -8,7 +8,7 @@ the sweep trains the same noise draw the screen measured).
 
 Screen (`screen_pair`): per pair, every pool candidate the pair never trained in a shipped results file
 (`trained_before`: same mismatch knobs, noise draw aside) is measured by `candidates.screen`, the function
-`launch/admit.py --candidates` runs, on the calibration batch `launch/report.py --validate` measures on (128
+`launch/admit.py --candidates` runs, on the calibration batch `study/report.py --validate` measures on (128
 held-out prompts, seed 0) and judged at the sweep's 150 steps; no training.
 
 Rule (`select`, RULE below): with the shipped budget file, admission.admit_value gives each screened candidate the
@@ -38,7 +38,7 @@ from opd_jax.screening import admission, candidates
 PAIRS = ("pair1", "pair2", "pair3")
 SEEDS = (3, 4, 5)  # the validation sweep's seeds; every shipped run used 0, 1 or 2
 STEPS = 150  # the sweep's run length, the horizon the budgets are calibrated at
-PROMPTS, SCREEN_SEED = 128, 0  # the calibration batch of launch/report.py --validate (its defaults)
+PROMPTS, SCREEN_SEED = 128, 0  # the calibration batch of study/report.py --validate (its defaults)
 NEAR = 1.5  # "near": compared k3 within x/÷ NEAR of the budget
 NEAR_PER_PAIR, FAR_PER_PAIR = 3, 3
 # Weight-noise sigmas no shipped run used (calibration 0.1 / 0.15 / 0.2 / 0.3; pair_budgets 0.115 / 0.12 / 0.125 /

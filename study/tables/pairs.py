@@ -1,15 +1,15 @@
 """The embedded pairs and their main OPD runs, as tables: the pairs from the build record shipped with each pair
-(opd_jax/assets/pairN/build_info.json, written by launch/build_pairs.py) and the runs from
+(opd_jax/assets/pairN/build_info.json, written by study/build_pairs.py) and the runs from
 results/pairN_main/metrics.jsonl (`python launch/train.py --config=configs/pairN.py`, 700 steps)."""
 
 from __future__ import annotations
 
 import os
 
-from opd_jax.experiments.markdown import md_table
 from opd_jax.experiments.files import read_json, read_jsonl
+from opd_jax.train.pairs import ASSETS
+from study.tables.markdown import md_table
 
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 PAIRS = ("pair1", "pair2", "pair3")
 FAMILIES = {"qwen3": "Qwen3 (QK-norm)", "llama": "Llama 3 (llama3 RoPE scaling)", "qwen2": "Qwen2 (q/k/v bias)"}
 SOURCES = {"embedded pairs": "opd_jax/assets/pairN/build_info.json",

@@ -1,4 +1,4 @@
-"""Builds the embedded teacher-student pairs: python launch/build_pairs.py [--pairs=pair1,pair2,pair3]
+"""Builds the embedded teacher-student pairs: python -m study.build_pairs [--pairs=pair1,pair2,pair3]
 
 Deterministic (seeded init, data and XLA CPU numerics); overwrites opd_jax/assets/<pair>/{teacher,student} and
 build_info.json with the measured held-out accuracies. docs/study.md lists the run time on 2 CPU cores.

@@ -1,7 +1,7 @@
 """The pre-registered per-pair budget decision from configs/sweeps/pair_budgets.py's runs (one results file per
 seed; each holds the pairs' baselines):
 
-  python launch/pair_budgets.py --results=results/pair_budgets_seed0.jsonl --results=results/pair_budgets_seed1.jsonl \
+  python -m study.pair_budgets --results=results/pair_budgets_seed0.jsonl --results=results/pair_budgets_seed1.jsonl \
       --results=results/pair_budgets_seed2.jsonl --out=results/pair_budgets.json
 
 Prints each point's seed-mean quality loss with its interval and the decision (per-pair or pooled budgets);
