@@ -46,7 +46,7 @@ _DEVICE_GB = flags.DEFINE_float("device_memory_gb", 80.0, "--candidates: device 
 
 def screen_candidates(start: float) -> bool:
   from opd_jax.experiments.files import read_budget
-  from opd_jax.planning.memory_plan import GIB, resolve_model
+  from opd_jax.planning.plan_spec import GIB, resolve_model
   from opd_jax.screening import admission, candidates
   from opd_jax.screening.calibration import Calibration
   for value, flag in ((_WEIGHTS.value, "--weights"), (_KV.value, "--kv_cache"), (_STALENESS.value, "--staleness"),

@@ -30,7 +30,7 @@ def screen(pair: str) -> None:
   from configs import common
   from study.analysis import heldout
   from opd_jax.experiments.files import read_budget, write_json
-  from opd_jax.planning.memory_plan import GIB, resolve_model
+  from opd_jax.planning.plan_spec import GIB, resolve_model
   if pair not in heldout.PAIRS:
     raise InputError(f"--pair={pair!r} is not one of {list(heldout.PAIRS)}")
   budget_file = read_budget(_BUDGET.value)

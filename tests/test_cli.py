@@ -115,7 +115,7 @@ def test_admit_exit_codes(tiny_pair, tmp_path):
 
 def test_candidates_parse_and_memory_columns(tmp_path):
   from configs import common
-  from opd_jax.planning.memory_plan import GIB, resolve_model
+  from opd_jax.planning.plan_spec import GIB, resolve_model
   from opd_jax.screening import candidates
   inline = candidates.parse("weights=fp8,kv=fp8,staleness=2;noise=0.1;quantize_embedding=true,weights=int8")
   path = tmp_path / "c.jsonl"

@@ -1,5 +1,6 @@
 """Memory planner (opd_jax/planning/memory_plan.py): JSON contract, monotonicity, verdict and micro-batch search,
-shipped shapes and errors. One tiny config, compiled abstractly on one simulated CPU device."""
+shipped shapes and errors. One tiny run (the shipped 1.7B -> 0.6B config at tiny shapes), compiled abstractly on
+one simulated CPU device."""
 
 import dataclasses
 import json
@@ -9,7 +10,11 @@ import sys
 
 import pytest
 
+from opd_jax.experiments.sweep import set_field
 from opd_jax.planning import memory_plan as mp
+from opd_jax.planning import plan_programs
+from opd_jax.planning.plan_spec import GIB, PlanSpec, known_models, resolve_model, shapes_of
+from opd_jax.spec import RunSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {"model_type": "qwen3", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
@@ -18,14 +23,32 @@ TINY = {"model_type": "qwen3", "vocab_size": 1024, "hidden_size": 32, "intermedi
 
 
 @pytest.fixture(scope="module")
-def tiny_plan(tmp_path_factory):
-  """A plan whose device memory (1 GiB) holds everything at the whole batch of 8."""
+def tiny_dir(tmp_path_factory):
   path = tmp_path_factory.mktemp("tiny_config")
   with open(path / "config.json", "w") as f:
     json.dump(TINY, f)
-  model = mp.resolve_model(str(path), "--student")
-  return mp.PlanConfig(teacher=model, student=model, batch_size=8, prompt_tokens=8, response_tokens=32,
-                       device_memory_bytes=mp.GIB)
+  return str(path)
+
+
+def plan_of(model_dir: str, devices: int = 1, device_memory_bytes: int = GIB, **overrides) -> PlanSpec:
+  """The shipped real config (bf16 teacher, float32 learner, reverse_kl_pg, remat) on `model_dir` for both
+  models: batch 8 x (8 + 32) tokens, no micro-batching, evaluation over the whole batch; `overrides` are
+  config fields with "__" for ".", as --config.x.y=v would set them."""
+  from configs.real import qwen3_1p7b_to_0p6b
+  config = qwen3_1p7b_to_0p6b.get_config(f"teacher={model_dir},student={model_dir}")
+  fields = {"train.batch_size": 8, "data.max_prompt_tokens": 8, "rollout.max_new_tokens": 32,
+            "train.micro_batch_size": 0, "train.eval_batch_size": 8,
+            **{k.replace("__", "."): v for k, v in overrides.items()}}
+  for field, value in fields.items():
+    set_field(config, field, value)
+  spec = RunSpec.from_config(config, device_count=devices, models=shapes_of)
+  return PlanSpec(spec, *shapes_of(spec.pair), devices=devices, device_memory_bytes=device_memory_bytes)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tiny_dir):
+  """A plan whose device memory (1 GiB) holds everything at the whole batch of 8."""
+  return plan_of(tiny_dir)
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +79,9 @@ def test_json_fields_are_present_and_consistent(tiny_result):
   assert out["programs"]["train_step"] > out["programs"]["teacher_score"]
 
 
-def test_bigger_batch_bigger_train_step_peak(tiny_plan, tiny_result):
-  bigger = dataclasses.replace(tiny_plan, batch_size=16)
-  program = mp.build_programs(bigger, mp.plan_mesh(bigger), 16)[0]["train_step"]
+def test_bigger_batch_bigger_train_step_peak(tiny_dir, tiny_result):
+  bigger = plan_of(tiny_dir, train__batch_size=16)
+  program = plan_programs.build_programs(bigger, plan_programs.plan_mesh(bigger), 16)[0]["train_step"]
   assert mp.compile_memory(program).peak_bytes > tiny_result.programs["train_step"].peak_bytes
 
 
@@ -67,48 +90,51 @@ def test_less_device_memory_flips_fits_and_shrinks_the_micro_batch(tiny_plan, ti
   # Just below the train step's total at the whole batch: the batch no longer fits, half of it does.
   small = dataclasses.replace(tiny_plan, device_memory_bytes=tiny_result.totals["train_step"] - 1)
   totals = dict(tiny_result.micro_batch_totals)
-  largest = mp.largest_micro_batch(small, mp.plan_mesh(small), tiny_result.resident, totals)
+  largest = mp.largest_micro_batch(small, plan_programs.plan_mesh(small), tiny_result.resident, totals)
   assert 0 < largest < 8 and totals[largest] <= small.device_memory_bytes < totals[8]
   refit = dataclasses.replace(tiny_result, plan=small, micro_batch_size=largest, micro_batch_totals=totals)
   assert refit.to_json()["fits"] is False and refit.to_json()["micro_batch_size"] == largest
 
 
 def test_shipped_shapes_parse_with_published_vocabularies():
-  vocab = {name: mp.resolve_model(name, "--teacher").vocab_size for name in mp.known_models()}
+  vocab = {name: resolve_model(name, "config.teacher").vocab_size for name in known_models()}
   assert vocab == {"llama-3.1-8b": 128256, "qwen2.5-1.5b": 151936, "qwen2.5-7b": 152064, "qwen3-0.6b": 151936,
                    "qwen3-1.7b": 151936, "qwen3-8b": 151936}
-  assert round(mp.resolve_model("QWEN3-8B", "--teacher").num_params() / 1e9, 2) == 8.19
+  assert round(resolve_model("QWEN3-8B", "config.teacher").num_params() / 1e9, 2) == 8.19
 
 
-def test_bad_model_name_names_the_flag_and_the_known_names():
-  with pytest.raises(ValueError, match=r"--teacher='qwen9' is neither .* known names: llama-3.1-8b, .*qwen3-8b"):
-    mp.resolve_model("qwen9", "--teacher")
+def test_bad_model_name_names_the_field_and_the_known_names():
+  with pytest.raises(ValueError, match=r"config.teacher='qwen9' is neither .* known names: llama-3.1-8b, .*qwen3-8b"):
+    resolve_model("qwen9", "config.teacher")
 
 
 def test_cli_bad_input_is_one_line_and_exit_2():
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
-  result = subprocess.run([sys.executable, "launch/plan_memory.py", "--teacher=qwen9", "--student=qwen3-0.6b",
-                           "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  result = subprocess.run([sys.executable, "launch/plan_memory.py", "--config=configs/real/qwen3_1p7b_to_0p6b.py",
+                           "--config.teacher=qwen9", "--json"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
   assert result.returncode == 2, result.stderr[-2000:]
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and "--teacher='qwen9'" in errors[0] and "qwen3-0.6b" in errors[0]
+  assert len(errors) == 1 and "config.teacher='qwen9'" in errors[0] and "qwen3-0.6b" in errors[0]
   assert result.stdout == ""
 
 
 @pytest.mark.slow
-def test_disaggregated_plan_counts_each_pool_and_host_snapshots(tiny_plan):
+def test_disaggregated_plan_counts_each_pool_and_host_snapshots(tiny_dir):
   """Sampler on device 0 (fp8, staleness 2), learner on device 1: the sampler's residents count only in its
   pool; with snapshots on the host they leave device memory."""
-  base = dataclasses.replace(tiny_plan, devices=2, placement="disaggregated", rollout_devices=1, weights="fp8",
-                             staleness_steps=2, micro_batch_size=8)
-  mesh = mp.plan_mesh(base)
+  settings = dict(rollout__placement="disaggregated", rollout__devices=1, rollout__weights="fp8",
+                  rollout__staleness_steps=2, train__micro_batch_size=8)
+  base = plan_of(tiny_dir, devices=2, **settings)
+  mesh = plan_programs.plan_mesh(base)
   assert [d.id for d in mesh.devices.flat] == [1]
-  assert [d.id for d in mp.plan_sampler_mesh(base).devices.flat] == [0]
-  programs = mp.build_programs(base, mesh, 8)[0]
+  assert [d.id for d in plan_programs.plan_sampler_mesh(base).devices.flat] == [0]
+  programs = plan_programs.build_programs(base, mesh, 8)[0]
   memory = {name: mp.compile_memory(programs[name]) for name in ("sampler", "train_step")}
   for on in ("device", "host"):
-    plan = dataclasses.replace(base, snapshots_on=on)
-    resident = {name: mp.per_device_bytes(tree) for name, tree in mp.build_programs(plan, mesh, 8)[1].items()}
+    plan = plan_of(tiny_dir, devices=2, rollout__snapshots_on=on, **settings)
+    resident = {name: mp.per_device_bytes(tree)
+                for name, tree in plan_programs.build_programs(plan, mesh, 8)[1].items()}
     assert resident["staleness_snapshots"] == (2 * resident["sampler_weights"] if on == "device" else 0)
     assert resident["sampler_weights"] > 0
     totals = {name: mp._total(memory[name], programs[name], resident, plan) for name in memory}
@@ -128,7 +154,7 @@ def test_fp8_sampler_weights_at_qwen3_8b_shapes():
   from opd_jax.rollout import placement
   from opd_jax.rollout.config import RolloutConfig
   from opd_jax.rollout.weight_sync import WeightSync
-  config = mp.resolve_model("qwen3-8b", "--student")
+  config = resolve_model("qwen3-8b", "config.student")
   params = nnx.state(nnx.eval_shape(lambda: Decoder(config, dtype=jnp.bfloat16, param_dtype=jnp.float32)), nnx.Param)
   one = placement.sampler_mesh(jax.devices()[:1], 1)
   learner = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
@@ -152,9 +178,9 @@ def test_the_planner_needs_nothing_outside_the_package(tmp_path):
   shutil.copytree(os.path.join(REPO, "opd_jax"), site / "opd_jax", ignore=shutil.ignore_patterns("__pycache__"))
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
-  code = ("import opd_jax; from opd_jax.planning import memory_plan as mp; from opd_jax.rollout import memory; "
-          "print(opd_jax.__file__); print(mp.resolve_model('Qwen3-8B', '--teacher').vocab_size, "
-          "len(mp.known_models()), memory.kv_capacity(mp.resolve_model('qwen3-8b', '--teacher'), (), 'bf16', "
+  code = ("import opd_jax; from opd_jax.planning import memory_plan, plan_spec as ps; from opd_jax.rollout import memory; "
+          "print(opd_jax.__file__); print(ps.resolve_model('Qwen3-8B', 'config.teacher').vocab_size, "
+          "len(ps.known_models()), memory.kv_capacity(ps.resolve_model('qwen3-8b', 'config.teacher'), (), 'bf16', "
           "device_bytes=80 * 2 ** 30).kv_tokens > 0)")
   env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
   result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True,
@@ -165,15 +191,15 @@ def test_the_planner_needs_nothing_outside_the_package(tmp_path):
   assert numbers == "151936 6 True", numbers  # 6 shipped shapes
 
 
-def test_host_device_term_counts_every_device_of_each_pool(tiny_plan):
+def test_host_device_term_counts_every_device_of_each_pool(tiny_dir):
   """On CPU each simulated device's buffers are host memory: colocated, the largest total times all devices;
   disaggregated, each pool's largest total times its own devices."""
   from opd_jax.planning import host_memory
   totals = {"sampler": 5, "teacher_score": 3, "train_step": 7, "eval_sampler": 2, "eval_reverse_kl": 4}
   pools = {name: "sampler" if name == "sampler" else "learner" for name in totals}
-  colocated = mp.MemoryPlan(dataclasses.replace(tiny_plan, devices=4), {}, totals, {}, 8, 8, {}, pools)
+  colocated = mp.MemoryPlan(plan_of(tiny_dir, devices=4), {}, totals, {}, 8, 8, {}, pools)
   assert host_memory.device_bytes_on_host(colocated) == 4 * 7
-  split = dataclasses.replace(tiny_plan, devices=5, placement="disaggregated", rollout_devices=1)
+  split = plan_of(tiny_dir, devices=5, rollout__placement="disaggregated", rollout__devices=1)
   assert host_memory.device_bytes_on_host(mp.MemoryPlan(split, {}, totals, {}, 8, 8, {}, pools)) == 4 * 7 + 1 * 5
 
 

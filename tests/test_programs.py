@@ -100,66 +100,65 @@ def test_the_check_finds_a_captured_weight(run):
   assert large_constants(argument) == []
 
 
-def _spec(config):
-  """The run spec of `config`, checked against Qwen3-0.6B's shape instead of checkpoint files."""
-  from opd_jax.planning import memory_plan as mp
+def _plan(config, devices: int):
+  """The plan of `config` on `devices`, its models at Qwen3-0.6B's shape instead of checkpoint files."""
+  from opd_jax.planning.plan_spec import GIB, PlanSpec, resolve_model
   from opd_jax.spec import RunSpec
-  shape = mp.resolve_model("qwen3-0.6b", "--student")
-  return RunSpec.from_config(config, device_count=8, models=(shape, shape))
+  shape = resolve_model("qwen3-0.6b", "config.student")
+  spec = RunSpec.from_config(config, device_count=devices, models=lambda pair: (shape, shape))
+  return PlanSpec(spec, shape, shape, devices=devices, device_memory_bytes=GIB)
 
 
 @pytest.mark.parametrize("config_file", ["configs/pair1.py", "configs/real/qwen3_1p7b_to_0p6b.py"])
 def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
-  """PlanConfig.from_config hands programs.build what the loop hands it for the same config."""
+  """A plan hands programs.build what the loop hands it for the same config, and builds the models with the
+  run's dtypes and model options."""
   import importlib.util
   import os
-  from opd_jax.planning import memory_plan as mp
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   spec = importlib.util.spec_from_file_location("run_config", os.path.join(root, config_file))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
-  shape = mp.resolve_model("qwen3-0.6b", "--student")
-  plan = mp.PlanConfig.from_config(config, shape, shape, devices=1, device_memory_bytes=mp.GIB)
-  loop = programs.RunSettings.for_run(_spec(config), vocab_size=shape.vocab_size, eos_ids=shape.eos_token_id,
-                                      pad_id=0)
+  plan = _plan(config, devices=1)
+  loop = programs.RunSettings.for_run(plan.run, vocab_size=plan.student.vocab_size,
+                                      eos_ids=plan.student.eos_token_id, pad_id=0)
   # The one deliberate difference: plans are for accelerators, so the planner compiles the sampler's weights as
   # stored; the loop's "auto" layout becomes dense per-layer copies on CPU (rollout.weight_layout).
   assert plan.settings().rollout.weight_layout == "stored"
   assert plan.settings() == dataclasses.replace(loop, rollout=dataclasses.replace(loop.rollout, weight_layout="stored"))
-  assert (plan.attention, plan.scan_layers, plan.remat) == (config.model.attention, config.model.scan_layers,
-                                                            config.model.remat)
-  assert (plan.student_param_dtype, plan.student_compute_dtype, plan.teacher_dtype, plan.teacher_compute_dtype) == (
-      config.student_param_dtype, config.student_compute_dtype, config.teacher_param_dtype,
-      config.teacher_compute_dtype)
+  assert plan.settings(micro_batch_size=4).micro_batch_size == 4
+  m = config.model
+  for role in ("teacher", "student"):
+    assert plan.model_options(role) == dict(
+        dtype=config[f"{role}_compute_dtype"], param_dtype=config[f"{role}_param_dtype"], attention=m.attention,
+        scan_layers=m.scan_layers, remat=m.remat)
 
 
 def test_the_planner_simulates_the_devices_the_config_names():
   """plan_memory --config simulates the mesh the run would build: learner data x fsdp x tensor, plus the
   sampler's own devices when disaggregated (data=-1 means 'the rest', one way at least)."""
-  import ml_collections
-  from opd_jax.planning.memory_plan import devices_of_config
+  from opd_jax.planning.plan_spec import devices_named
+  from opd_jax.rollout.config import RolloutConfig
+  from opd_jax.spec import MeshSpec
 
-  def config(data, fsdp, tensor, placement="colocated", devices=0):
-    return ml_collections.ConfigDict({"mesh": {"data": data, "fsdp": fsdp, "tensor": tensor},
-                                      "rollout": {"placement": placement, "devices": devices}})
+  def devices(data, fsdp, tensor, placement="colocated", rollout_devices=0):
+    return devices_named(MeshSpec(data, fsdp, tensor), RolloutConfig(placement=placement, devices=rollout_devices))
 
-  assert devices_of_config(config(-1, 1, 1)) == 1
-  assert devices_of_config(config(-1, 8, 1)) == 8
-  assert devices_of_config(config(2, 2, 2)) == 8
-  assert devices_of_config(config(-1, 4, 1, "disaggregated", 4)) == 8
-  assert devices_of_config(config(-1, 4, 1, "colocated", 4)) == 4
+  assert devices(-1, 1, 1) == 1
+  assert devices(-1, 8, 1) == 8
+  assert devices(2, 2, 2) == 8
+  assert devices(-1, 4, 1, "disaggregated", 4) == 8
+  assert devices(-1, 1, 4, "disaggregated", 2) == 6
 
 
 def test_logits_chunk_counts_tokens_per_device():
   """train.logits_chunk is per device: the loop's and the planner's whole-batch chunk is it times the devices
   the batch is split over (data x fsdp), so an fsdp-8 run's devices each get logits_chunk tokens per chunk."""
   from configs import common
-  from opd_jax.planning import memory_plan as mp
   config = common.config_for("pair1")
   config.mesh.fsdp = 8
-  shape = mp.resolve_model("qwen3-0.6b", "--student")
-  plan = mp.PlanConfig.from_config(config, shape, shape, devices=8, device_memory_bytes=mp.GIB)
-  loop = programs.RunSettings.for_run(_spec(config), vocab_size=shape.vocab_size, eos_ids=shape.eos_token_id,
-                                      pad_id=0, batch_shards=8)
+  plan = _plan(config, devices=8)
+  loop = programs.RunSettings.for_run(plan.run, vocab_size=plan.student.vocab_size,
+                                      eos_ids=plan.student.eos_token_id, pad_id=0, batch_shards=8)
   assert loop.logits_chunk == plan.settings().logits_chunk == 8 * config.train.logits_chunk

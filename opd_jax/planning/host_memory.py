@@ -40,6 +40,8 @@ import subprocess
 import sys
 
 from opd_jax.planning import memory_plan as mp
+from opd_jax.planning.plan_programs import build_programs, plan_mesh
+from opd_jax.planning.plan_spec import PlanSpec
 
 
 # The step-0 evaluation compiles first, then the first rollout, its scoring and the train step.
@@ -71,14 +73,14 @@ def _worker(plan_hex: str, tokenizer_dirs: list[str]) -> None:
     load_tokenizer(path)
   plan = pickle.loads(bytes.fromhex(plan_hex))
   runtime, _ = mp.rss_bytes()
-  programs, _ = mp.build_programs(plan, mp.plan_mesh(plan), plan.micro_batch_size or plan.batch_size)
+  programs, _ = build_programs(plan, plan_mesh(plan), plan.micro_batch_size or plan.batch_size)
   order = lambda name: RUN_ORDER.index(name) if name in RUN_ORDER else len(RUN_ORDER)
   for name in sorted(programs, key=order):  # as the loop first calls them (later ones reuse freed memory)
     programs[name].fn.lower(*programs[name].args).compile()
   print(json.dumps({"runtime_bytes": runtime, "compiled_peak_bytes": mp.rss_bytes()[1]}))
 
 
-def measure_runtime_and_compile(plan: mp.PlanConfig, tokenizer_dirs: list[str]) -> tuple[int, int]:
+def measure_runtime_and_compile(plan: PlanSpec, tokenizer_dirs: list[str]) -> tuple[int, int]:
   """(runtime bytes, compile bytes) from a child process on the CPU backend (see the module docstring)."""
   code = (f"from opd_jax.planning.host_memory import _worker; "
           f"_worker({pickle.dumps(plan).hex()!r}, {list(tokenizer_dirs)!r})")

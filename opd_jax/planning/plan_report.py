@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from opd_jax.models.sharding import mesh_shape
-from opd_jax.planning.memory_plan import GIB, MemoryPlan
+from opd_jax.planning.memory_plan import MemoryPlan
+from opd_jax.planning.plan_spec import GIB
 
 
 def format_plan(result: MemoryPlan) -> str:

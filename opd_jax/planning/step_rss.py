@@ -12,8 +12,9 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from opd_jax.planning.memory_plan import (PACKAGE_PARENT, PlanConfig, build_programs, compile_memory, plan_mesh,
-                                         rss_bytes)
+from opd_jax.planning.memory_plan import PACKAGE_PARENT, compile_memory, rss_bytes
+from opd_jax.planning.plan_programs import build_programs, plan_mesh
+from opd_jax.planning.plan_spec import PlanSpec
 
 
 def _concrete(abstract):
@@ -33,7 +34,7 @@ def _rss_worker(plan_hex: str) -> None:
   print(json.dumps({"measured_bytes": max_after - before, "valid": max_after > max_before}))
 
 
-def measure_train_step_rss(plan: PlanConfig) -> dict:
+def measure_train_step_rss(plan: PlanSpec) -> dict:
   """Predicted train-step peak vs the peak RSS growth of running it on real (zero) arrays in a subprocess.
 
   The subprocess compiles first, then records its RSS, allocates the arguments and runs the step once; the

@@ -49,10 +49,11 @@ class RunSpec:
 
   @classmethod
   def from_config(cls, config, device_count: int | None = None, models=None) -> "RunSpec":
-    """device_count: devices the run will have (default: this process's jax.device_count()). models: (teacher,
-    student) ModelConfigs to check against instead of the checkpoints' config.json (planning a run whose
-    checkpoints and data are elsewhere: vocabularies are taken as they are, tokenizers not compared, data files
-    not looked for)."""
+    """device_count: devices the run will have (default: this process's jax.device_count()). models: pair ->
+    (teacher, student) ModelConfigs, read instead of the checkpoints' config.json (planning a run whose
+    checkpoints and data are elsewhere, opd_jax.planning.plan_spec.shapes_of: vocabularies are taken as they
+    are, tokenizers not compared, data files not looked for); it is called after every check of the config's
+    own values, so a bad value is reported before a missing model."""
     rollout = RolloutConfig.from_config(config.rollout)
     objective = ObjectiveConfig(**dict(config.objective))
     train = TrainSpec.from_section(config.train)
@@ -65,7 +66,7 @@ class RunSpec:
     group = response_group(rollout, objective)
     _check_layout(train, mesh, rollout, group, device_count or jax.device_count())
     pair = PairSpec.from_config(config)
-    teacher, student = models or (read_hf_config(pair.teacher), read_hf_config(pair.student))  # errors name the file
+    teacher, student = models(pair) if models else (read_hf_config(pair.teacher), read_hf_config(pair.student))
     max_tokens = data.max_prompt_tokens + rollout.max_new_tokens
     for role, model in (("teacher", teacher), ("student", student)):
       if max_tokens > model.max_position_embeddings:
@@ -81,11 +82,6 @@ class RunSpec:
     objective = served_objective(teachers, served, rollout, objective, vocab.vocab_size)
     return cls(pair, vocab, data, train, optimizer, mesh, rollout, objective, teachers, served, config.seed, group,
                config.to_json(indent=2))
-
-  @property
-  def max_tokens(self) -> int:
-    """Prompt + response tokens of one row."""
-    return self.data.max_prompt_tokens + self.rollout.max_new_tokens
 
 
 def response_group(rollout: RolloutConfig, objective: ObjectiveConfig) -> int:

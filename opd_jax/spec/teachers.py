@@ -52,10 +52,6 @@ class Teachers:
   def endpoints(self) -> list[str]:
     return [s.endpoint for s in self.specs if s.endpoint]
 
-  def metric_prefix(self, name: str) -> str:
-    """Where a teacher's own metrics go: `teacher/` in a single-teacher run, `teachers/<name>/` otherwise."""
-    return f"teachers/{name}/" if self.multi else "teacher/"
-
   def check(self, objective: ObjectiveConfig, vocab: PairVocab, max_tokens: int, *, student: str, tokenizer: str,
             eval_teacher_forced: bool) -> ObjectiveConfig:
     """Names, checkpoints, endpoints, rules and one vocabulary; returns the objective the run trains (module

@@ -1,7 +1,7 @@
 """The programs of an OPD run, built in one place for the training loop and the memory planner.
 
 One builder per program: the loop (opd_jax/train/loop.py), the rollout producer and the memory planner
-(opd_jax/planning/memory_plan.py) all construct the sampler, the weight sync, teacher / student scoring, the
+(opd_jax/planning/plan_programs.py) all construct the sampler, the weight sync, teacher / student scoring, the
 train step and the evaluation programs here, from the same settings, so a plan or a benchmark measures the
 program a run executes. Model and optimizer arrays are arguments of every program (never captured: a captured
 array would become a constant of the executable); tests/test_programs.py lowers each one and checks.

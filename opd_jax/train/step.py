@@ -66,6 +66,26 @@ class RolloutBatch:
   reward_B: jax.Array | None = None  # grader reward of each response (grpo; rows grouped by prompt)
   teacher_route_BxN: jax.Array | None = None  # multi-teacher runs: one-hot float of each row's teacher
 
+  @classmethod
+  def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
+               teacher_k: int, sampler_k: int, snapshot: bool) -> "RolloutBatch":
+    """The batch's shapes and dtypes (jax.ShapeDtypeStruct, rows sharded by `rows`), for compiling a step before
+    any rollout exists (the memory planner). teacher_hidden: (D, dtype) for exact vocabulary objectives;
+    teacher_k / sampler_k: top-k widths (0 = absent); snapshot: the mismatch split's snapshot log-probs."""
+    def a(shape, dtype):
+      return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rows)
+    B, P, R = batch, prompt, response
+    return cls(
+        prompt_BxP=a((B, P), jnp.int32), prompt_valid_BxP=a((B, P), jnp.bool_), response_BxR=a((B, R), jnp.int32),
+        mask_BxR=a((B, R), jnp.float32), sampler_logp_BxR=a((B, R), jnp.float32),
+        teacher_logp_BxR=a((B, R), jnp.float32),
+        teacher_hidden_BxRxD=a((B, R, teacher_hidden[0]), teacher_hidden[1]) if teacher_hidden else None,
+        teacher_top_logprobs_BxRxK=a((B, R, teacher_k), jnp.float32) if teacher_k else None,
+        teacher_top_ids_BxRxK=a((B, R, teacher_k), jnp.int32) if teacher_k else None,
+        sampler_top_logprobs_BxRxK=a((B, R, sampler_k), jnp.float32) if sampler_k else None,
+        sampler_top_ids_BxRxK=a((B, R, sampler_k), jnp.int32) if sampler_k else None,
+        snapshot_logp_BxR=a((B, R), jnp.float32) if snapshot else None)
+
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
   return {f"{prefix}/{k}": v for k, v in metrics.items()}

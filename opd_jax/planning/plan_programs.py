@@ -1,0 +1,136 @@
+"""Every jitted program of a planned run, with abstract sharded arguments, and the state that stays resident on
+the devices between programs. The programs come from opd_jax.train.programs.build, the builders the training
+loop uses, with the run's own settings (PlanSpec.settings); nothing here allocates a weight.
+
+Legend: B batch, P prompt tokens, R response tokens, K sampler top-k, E evaluation rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from opd_jax.errors import InputError
+from opd_jax.models.config import ModelConfig
+from opd_jax.models.decoder import Decoder
+from opd_jax.models.sharding import batch_sharding, make_mesh
+from opd_jax.planning.plan_spec import PlanSpec
+from opd_jax.rollout import placement
+from opd_jax.rollout.placement import split_devices
+from opd_jax.train import programs
+from opd_jax.train.optimizer import make_optimizer, make_schedule
+from opd_jax.train.step import RolloutBatch, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  fn: Callable  # jitted; lowered with `args`
+  args: tuple  # abstract arguments (ShapeDtypeStructs with shardings)
+  uses: tuple[str, ...]  # resident entries that are among its arguments (not added again to its total)
+  pool: str = "learner"  # whose devices it runs on: learner | sampler (the same devices when colocated)
+
+
+def resident_pools(plan: PlanSpec) -> dict[str, str]:
+  """Resident entry -> the pool whose devices hold it between programs ("" = held only while a program that
+  takes it runs)."""
+  sampler = "sampler" if plan.disaggregated else "learner"
+  lagged = plan.staleness_steps > 0
+  return {"teacher_params": "learner", "learner_params": "learner", "optimizer_state": "learner",
+          "rollout_batch": "learner", "dense_snapshots": "learner",
+          "sampler_weights": sampler if plan.disaggregated or lagged else "",
+          "staleness_snapshots": sampler}
+
+
+def _abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _abstract_model(shape: ModelConfig, dtype: str, param_dtype: str, **options):
+  model = nnx.eval_shape(lambda: Decoder(shape, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(param_dtype),
+                                         **options))
+  return nnx.split(model)
+
+
+def _plan_devices(plan: PlanSpec) -> tuple[list, list]:
+  if jax.device_count() < plan.devices:
+    raise InputError(f"--devices={plan.devices} but jax sees {jax.device_count()} device(s); set "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={plan.devices} before jax is imported "
+                     "(launch/plan_memory.py does)")
+  return split_devices(plan.placement, plan.rollout_devices, jax.devices()[:plan.devices])
+
+
+def plan_mesh(plan: PlanSpec) -> Mesh:
+  """The learner's mesh."""
+  return make_mesh(-1, plan.mesh_fsdp, plan.mesh_tensor, devices=_plan_devices(plan)[0])
+
+
+def plan_sampler_mesh(plan: PlanSpec) -> Mesh:
+  return placement.sampler_mesh(_plan_devices(plan)[1], plan.rollout_tensor)
+
+
+def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
+  """Every jitted program of a run with abstract sharded arguments, plus the abstract resident state.
+
+  Returns (programs by name, resident trees by name). The train step takes the whole batch and accumulates
+  gradients over `micro_batch_size` rows.
+  """
+  B, P, K = plan.batch_size, plan.prompt_tokens, plan.sampler_top_k
+  settings = plan.settings(micro_batch_size)
+  objective, rollout = settings.objective, settings.rollout
+  t_options, s_options = plan.model_options("teacher"), plan.model_options("student")
+  s_graphdef, s_params = _abstract_model(plan.student, **s_options)
+  t_graphdef, t_params = _abstract_model(plan.teacher, **t_options)
+  optimizer = make_optimizer(make_schedule(learning_rate=1e-6, warmup_steps=0, total_steps=1),
+                             weight_decay=0.0, grad_clip_norm=1.0)
+  state = TrainState(s_params, jax.eval_shape(optimizer.init, s_params), jax.ShapeDtypeStruct((), jnp.int32))
+  s_mesh = plan_sampler_mesh(plan)
+  run = programs.build(settings, graphdef=s_graphdef, teacher_graphdef=t_graphdef, state=state,
+                       teacher_state=t_params, optimizer=optimizer, mesh=mesh, sampler_mesh=s_mesh,
+                       compute_dtype=s_options["dtype"])
+  state = programs.abstract_with(state, run.state_shardings)
+  t_params = programs.abstract_with(t_params, run.teacher_shardings)
+  sampler_params = run.weight_sync.abstract
+  rows = batch_sharding(mesh)
+  s_rows, s_replicated = placement.batch_sharding(s_mesh), NamedSharding(s_mesh, PartitionSpec())
+  split = rollout.keeps_dense_copies(lagged=plan.staleness_steps > 0)
+  batch = RolloutBatch.abstract(
+      rows, batch=B, prompt=P, response=plan.response_tokens,
+      teacher_hidden=(plan.teacher.hidden_size, jnp.dtype(t_options["dtype"])) if objective.needs_teacher_hidden
+      else None, teacher_k=objective.top_k if objective.needs_teacher_topk else 0, sampler_k=K, snapshot=split)
+  tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
+  key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
+  sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
+  E = plan.eval_batch_size or B  # evaluation: eval_batch_size rows at a time
+  eval_tokens = tuple(_abstract((E, *t.shape[1:]), t.dtype, rows) for t in tokens)
+  learner_key = _abstract((), key.dtype, NamedSharding(mesh, PartitionSpec()))
+  if plan.eval_weights == "sampler":  # decodes with the synced weights on the sampler's mesh
+    eval_decode = (sampler_params, _abstract((E, P), jnp.int32, s_rows), _abstract((E, P), jnp.bool_, s_rows), key)
+    eval_decode_pools = ("sampler_weights",)
+  else:  # the learner's own weights on its mesh
+    eval_decode, eval_decode_pools = (state.params, *eval_tokens[:2], learner_key), ("learner_params",)
+  programs_by_name = {
+      "sampler": Program(run.sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
+      "teacher_score": Program(run.teacher_score, (t_params, *tokens), ("teacher_params",)),
+      "train_step": Program(run.train_step, (state, batch, t_params),
+                            ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
+      "eval_sampler": Program(run.eval_samplers[""]._fn, eval_decode, eval_decode_pools,
+                              "sampler" if plan.eval_weights == "sampler" else "learner"),
+      "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
+                                 ("learner_params", "teacher_params")),
+  }
+  if plan.served_teacher:  # scored over HTTP by another process: no teacher program here
+    del programs_by_name["teacher_score"]
+  if "_sampled" in run.eval_samplers:  # train.eval_sampled: a second, temperature-1 evaluation program
+    programs_by_name["eval_sampler_sampled"] = dataclasses.replace(
+        programs_by_name["eval_sampler"], fn=run.eval_samplers["_sampled"]._fn)
+  on_device = plan.snapshots_on == "device"
+  resident = {"teacher_params": t_params, "learner_params": state.params, "optimizer_state": state.opt_state,
+              "rollout_batch": batch, "sampler_weights": sampler_params,
+              "staleness_snapshots": [sampler_params] * plan.staleness_steps if on_device else [],
+              "dense_snapshots": [state.params] * (plan.staleness_steps + 1) if split else []}
+  return programs_by_name, resident
