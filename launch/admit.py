@@ -47,6 +47,7 @@ _DEVICE_GB = flags.DEFINE_float("device_memory_gb", 80.0, "--candidates: device 
 def screen_candidates(start: float) -> bool:
   from opd_jax.experiments.files import read_budget
   from opd_jax.planning.plan_spec import GIB, resolve_model
+  from opd_jax.rollout.config import RolloutConfig
   from opd_jax.screening import admission, candidates
   from opd_jax.screening.calibration import Calibration
   for value, flag in ((_WEIGHTS.value, "--weights"), (_KV.value, "--kv_cache"), (_STALENESS.value, "--staleness"),
@@ -60,15 +61,16 @@ def screen_candidates(start: float) -> bool:
   config = _CONFIG.value
   steps = run_steps(config)  # flags and config values first, then files
   listed = candidates.parse(_CANDIDATES.value)
-  candidates.rollouts_for(config, listed)  # a bad candidate fails before any measuring
+  candidates.rollouts_for(RolloutConfig.from_config(config.rollout), listed)  # a bad one fails before measuring
   budget_file = read_budget(_BUDGET.value)
   admission.pick_budget(budget_file, config.pair, steps)
   shape = resolve_model(_SHAPE.value, "--shape")
-  cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
-  teacher = teacher_side(cal, config)
+  spec = spec_of(config)
+  cal = Calibration.from_spec(spec, _PROMPTS.value, _SEED.value)
+  teacher = teacher_side(cal, spec)
   setup = time.time() - start
-  rows = candidates.screen(cal, config, listed, budget_file, shape=shape, device_bytes=int(_DEVICE_GB.value * GIB),
-                           seed=_SEED.value, steps=run_steps(config))
+  rows = candidates.screen(cal, spec, listed, budget_file, shape=shape, device_bytes=int(_DEVICE_GB.value * GIB),
+                           seed=_SEED.value, steps=steps)
   if teacher is not None and not teacher["ok"]:
     for row in rows:
       row["admit"] = False
@@ -87,10 +89,18 @@ def screen_candidates(start: float) -> bool:
   return any(r["admit"] for r in rows)
 
 
-def teacher_side(cal, config) -> dict | None:
+def spec_of(config):
+  """The run's spec, its pair prepared first (GGUF import / pruning, when the config says how)."""
+  from opd_jax.prepare.pair import prepare_pair
+  from opd_jax.spec import screening_spec
+  prepare_pair(config)
+  return screening_spec(config)
+
+
+def teacher_side(cal, spec) -> dict | None:
   """The served teacher's k3 against config.teacher (None when the teacher is in process), printed as a line."""
   from opd_jax.screening.teacher_check import served_teacher_mismatch
-  teacher = served_teacher_mismatch(cal, config, _SEED.value)
+  teacher = served_teacher_mismatch(cal, spec, _SEED.value)
   if teacher is not None:
     print(f"teacher {'ok' if teacher['ok'] else 'REFUSED'}  served at {teacher['endpoint']}: k3 {teacher['k3']:.3g} "
           f"against config.teacher in this process (repeat {teacher['repeat_k3']:.3g}) vs "
@@ -124,11 +134,12 @@ def run() -> bool:
   steps = run_steps(config)
   budget_file = read_budget(_BUDGET.value)  # checked before any measuring
   admission.pick_budget(budget_file, config.pair, steps)  # fail on a missing budget before any work
-  cal = Calibration.from_config(config, _PROMPTS.value, _SEED.value)
+  spec = spec_of(config)
+  cal = Calibration.from_spec(spec, _PROMPTS.value, _SEED.value)
   rollout.validate_for(cal.params)
-  teacher = teacher_side(cal, config)
-  measured = admission.measure_candidate(cal, config, rollout, _SEED.value)
-  result = admission.admit(measured, budget_file, config.pair, run_steps(config))
+  teacher = teacher_side(cal, spec)
+  measured = admission.measure_candidate(cal, spec, rollout, _SEED.value)
+  result = admission.admit(measured, budget_file, config.pair, steps)
   if teacher is not None:
     result["teacher"] = teacher
     result["admit"] = result["admit"] and teacher["ok"]

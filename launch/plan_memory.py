@@ -46,9 +46,8 @@ def _devices() -> int:
     if _DEVICES.value < 1:
       raise InputError(f"--devices must be an integer >= 1, got {_DEVICES.value}")
     return _DEVICES.value
-  from opd_jax.planning.plan_spec import devices_named
   from opd_jax.rollout.config import RolloutConfig
-  from opd_jax.spec.parts import MeshSpec
+  from opd_jax.spec import MeshSpec, devices_named
   return devices_named(MeshSpec.from_section(_CONFIG.value.mesh), RolloutConfig.from_config(_CONFIG.value.rollout))
 
 

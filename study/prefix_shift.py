@@ -21,6 +21,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
 
 
 def run():
+  from opd_jax.prepare.pair import prepare_pair
+  from opd_jax.spec import screening_spec
   from study.analysis import prefix_shift
   try:
     sigmas = [float(s) for s in _NOISE.value]
@@ -30,7 +32,8 @@ def run():
     raise InputError("--noise needs one or more sigma >= 0")
   config = _CONFIG.value
   out = _OUT.value or os.path.join("runs", f"prefix_shift_{config.pair}")
-  prefix_shift.run(config, sigmas, out, num_prompts=_PROMPTS.value, seed=_SEED.value)
+  prepare_pair(config)
+  prefix_shift.run(screening_spec(config), sigmas, out, num_prompts=_PROMPTS.value, seed=_SEED.value)
 
 
 def main(argv):

@@ -116,6 +116,7 @@ def test_admit_exit_codes(tiny_pair, tmp_path):
 def test_candidates_parse_and_memory_columns(tmp_path):
   from configs import common
   from opd_jax.planning.plan_spec import GIB, resolve_model
+  from opd_jax.rollout.config import RolloutConfig
   from opd_jax.screening import candidates
   inline = candidates.parse("weights=fp8,kv=fp8,staleness=2;noise=0.1;quantize_embedding=true,weights=int8")
   path = tmp_path / "c.jsonl"
@@ -125,7 +126,7 @@ def test_candidates_parse_and_memory_columns(tmp_path):
   assert [c.overrides for c in inline] == [c.overrides for c in from_file]
   assert [c.name for c in from_file] == ["fp8 both", "noise_sigma=0.1", "weights=int8,quantize_embedding=True"]
   config = common.base_config("pair1")
-  rollouts = candidates.rollouts_for(config, inline)
+  rollouts = candidates.rollouts_for(RolloutConfig.from_config(config.rollout), inline)
   shape = resolve_model("qwen3-8b", "--shape")
   stale = candidates.capacity(shape, rollouts[0], 80 * GIB)
   plain = candidates.capacity(shape, candidates.rollout_for(rollouts[0], candidates.Candidate("x", {
@@ -135,7 +136,7 @@ def test_candidates_parse_and_memory_columns(tmp_path):
   for bad, message in (("weights=fp8;stalenes=2", "unknown rollout field"), ("weights", "is not field=value"),
                        ("kv_cache=int2", "kv cache dtype 'int2'"), ("", "--candidates is empty")):
     with pytest.raises(ValueError, match=message):
-      candidates.rollouts_for(config, candidates.parse(bad))
+      candidates.rollouts_for(RolloutConfig.from_config(config.rollout), candidates.parse(bad))
 
 
 def test_a_backend_that_cannot_start_is_one_line_with_the_trace_in_the_workdir(tmp_path):

@@ -164,13 +164,14 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
 
 
 def test_no_config_dict_below_the_entry_points():
-  """The training and planning packages work on a RunSpec (opd_jax/spec; the planner on a PlanSpec that holds
-  one): only the training entry point, `loop.train`, accepts a config (and turns it into a spec at once), and
-  `export.read_run_pair` reads a finished run's stored config.json into its pair; nothing else there takes a
-  `config`, builds a part from one or imports ml_collections (launch/plan_memory.py makes the planner's spec)."""
+  """The training, planning and screening packages work on a RunSpec (opd_jax/spec; the planner on a PlanSpec
+  that holds one): only the training entry point, `loop.train`, accepts a config (and turns it into a spec at
+  once), and `export.read_run_pair` reads a finished run's stored config.json into its pair; nothing else there
+  takes a `config`, builds a part from one or imports ml_collections (the commands make the specs: plan_memory,
+  admit, sensitivity, with opd_jax.spec.screening_spec for a screen)."""
   boundary = {("loop.py", "train"), ("export.py", "read_run_pair")}
   found = []
-  for path in [*_python_files(os.path.join(PACKAGE, "train")), *_python_files(os.path.join(PACKAGE, "planning"))]:
+  for path in [p for package in ("train", "planning", "screening") for p in _python_files(os.path.join(PACKAGE, package))]:
     name, rel = os.path.basename(path), os.path.relpath(path, PACKAGE)
     with open(path) as f:
       tree = ast.parse(f.read())

@@ -7,6 +7,7 @@ from opd_jax.screening.calibration import Calibration
 from opd_jax.screening.prefix_shift import analyze
 from opd_jax.screening.sensitivity import fit_recipe, scan
 from opd_jax.rollout.config import RolloutConfig
+from opd_jax.spec import screening_spec
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +15,7 @@ def cal(tiny_pair):
   config = common.base_config("tiny")
   config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
   config.rollout.max_new_tokens = 12
-  return Calibration.from_config(config, num_prompts=16)
+  return Calibration.from_spec(screening_spec(config), num_prompts=16)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_sensitivity_scan_is_the_same_for_either_layer_storage(tiny_pair, fp8_sc
   config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
   config.rollout.max_new_tokens = 12
   config.model.scan_layers = False
-  per_layer = {r["name"]: r for r in scan(Calibration.from_config(config, num_prompts=16), "fp8",
+  per_layer = {r["name"]: r for r in scan(Calibration.from_spec(screening_spec(config), num_prompts=16), "fp8",
                                           RolloutConfig(max_new_tokens=12))}
   assert {r["name"] for r in fp8_scan} == set(per_layer)
   for row in fp8_scan:
@@ -97,5 +98,5 @@ def test_admission_staleness_grows_with_lag(tiny_pair, cal):
   config = common.base_config("tiny")
   config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
   config.rollout.max_new_tokens = 12
-  k3 = [measure_candidate(cal, config, RolloutConfig(max_new_tokens=12, staleness_steps=s))["k3"] for s in (0, 1, 3)]
+  k3 = [measure_candidate(cal, screening_spec(config), RolloutConfig(max_new_tokens=12, staleness_steps=s))["k3"] for s in (0, 1, 3)]
   assert k3[0] < 1e-6 < k3[1] < k3[2]

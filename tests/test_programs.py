@@ -138,9 +138,8 @@ def test_the_planner_builds_the_programs_with_the_runs_settings(config_file):
 def test_the_planner_simulates_the_devices_the_config_names():
   """plan_memory --config simulates the mesh the run would build: learner data x fsdp x tensor, plus the
   sampler's own devices when disaggregated (data=-1 means 'the rest', one way at least)."""
-  from opd_jax.planning.plan_spec import devices_named
   from opd_jax.rollout.config import RolloutConfig
-  from opd_jax.spec import MeshSpec
+  from opd_jax.spec import MeshSpec, devices_named
 
   def devices(data, fsdp, tensor, placement="colocated", rollout_devices=0):
     return devices_named(MeshSpec(data, fsdp, tensor), RolloutConfig(placement=placement, devices=rollout_devices))

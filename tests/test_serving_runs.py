@@ -153,13 +153,14 @@ def test_the_admission_check_measures_the_served_teacher_as_the_preflight_does(t
   served_teacher.preflight_max_k3, on the calibration batch; without an endpoint there is nothing to measure."""
   from opd_jax.screening.calibration import Calibration
   from opd_jax.screening.teacher_check import served_teacher_mismatch
+  from opd_jax.spec import screening_spec
   config = _config(tiny_pair)
-  cal = Calibration.from_config(config, num_prompts=8)
-  assert served_teacher_mismatch(cal, config) is None
+  cal = Calibration.from_spec(screening_spec(config), num_prompts=8)
+  assert served_teacher_mismatch(cal, screening_spec(config)) is None
   measured = {}
   for name in ("teacher", "student"):
     with servers.teacher(f"--checkpoint={tiny_pair[name]}") as (_, url):
-      measured[name] = served_teacher_mismatch(cal, _config(tiny_pair, teacher_endpoint=url))
+      measured[name] = served_teacher_mismatch(cal, screening_spec(_config(tiny_pair, teacher_endpoint=url)))
   assert measured["teacher"]["ok"] and measured["teacher"]["k3"] < 1e-8 and measured["teacher"]["repeat_k3"] == 0.0
   assert not measured["student"]["ok"] and measured["student"]["k3"] > 1e-4
   assert measured["student"]["max_k3"] == config.served_teacher.preflight_max_k3

@@ -19,14 +19,17 @@ _OUT = flags.DEFINE_string("out", "", "JSON file to write the rows to (with the 
 
 def run():
   from opd_jax.bench.precision_floor import measure_floor
-  rows = measure_floor(_CONFIG.value, _PROMPTS.value)
+  from opd_jax.prepare.pair import prepare_pair
+  from opd_jax.spec import screening_spec
+  prepare_pair(_CONFIG.value)
+  rows = measure_floor(screening_spec(_CONFIG.value), _PROMPTS.value)
   print(f"{'sampler':<9} {'learner':<9} {'weights':<8} {'k3':>10} {'k1':>10} {'vocab KL':>10}")
   for r in rows:
     print(f"{r['sampler_compute']:<9} {r['learner_compute']:<9} {r['weights']:<8} {r['k3']:>10.3g} {r['k1']:>10.3g} "
           f"{r['vocab_kl']:>10.3g}")
   if _OUT.value:
     from opd_jax.bench.precision_floor import write_floor
-    write_floor(_OUT.value, _CONFIG.value, _PROMPTS.value, rows)
+    write_floor(_OUT.value, _CONFIG.value.pair, _PROMPTS.value, rows)
     print(f"wrote {_OUT.value}")
 
 

@@ -30,7 +30,9 @@ def run():
   from opd_jax.bench.host_rss import write_row
   from opd_jax.bench.topk_transport import measure
   from opd_jax.errors import InputError
+  from opd_jax.prepare.pair import prepare_pair
   from opd_jax.screening.calibration import Calibration
+  from opd_jax.spec import screening_spec
 
   try:
     ks = [int(k) for k in _KS.value]
@@ -41,7 +43,8 @@ def run():
   if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
     raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
   config = _CONFIG.value
-  cal = Calibration.from_config(config, _PROMPTS.value, seed=_SEED.value)
+  prepare_pair(config)
+  cal = Calibration.from_spec(screening_spec(config), _PROMPTS.value, seed=_SEED.value)
   ks = [k for k in ks if k <= cal.vocab_size]
   rows = measure(cal, ks, config.rollout.max_new_tokens, seed=_SEED.value)
   print(f"{config.pair}: {rows[0]['rows']} responses, {rows[0]['scored_tokens']} tokens, vocabulary {cal.vocab_size}")

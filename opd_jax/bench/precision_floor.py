@@ -15,30 +15,31 @@ import jax
 from flax import nnx
 
 from opd_jax.experiments.files import write_json
-from opd_jax.screening.calibration import Calibration
 from opd_jax.rollout.config import RolloutConfig
+from opd_jax.screening.calibration import Calibration
+from opd_jax.spec import RunSpec
 
 COMPUTE_PAIRS = (("float32", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16"))  # (sampler, learner)
 
 
-def _graphdef(config, compute_dtype: str):
+def _graphdef(spec: RunSpec, compute_dtype: str):
   from opd_jax.models import load_pretrained
-  m = config.model
-  model = load_pretrained(config.student, config.student_param_dtype, compute_dtype=compute_dtype,
+  pair, m = spec.pair, spec.pair.model
+  model = load_pretrained(pair.student, pair.student_param_dtype, compute_dtype=compute_dtype,
                           attention=m.attention, remat=m.remat, scan_layers=m.scan_layers)
   return nnx.split(model)[0]
 
 
-def measure_floor(config, num_prompts: int = 256, seed: int = 0, recipes=("none", "int8", "fp8")) -> list[dict]:
+def measure_floor(spec: RunSpec, num_prompts: int = 256, seed: int = 0, recipes=("none", "int8", "fp8")) -> list[dict]:
   """One row per (sampler compute, learner compute, weight recipe): k3, k1 and the vocabulary KL(mu || pi)."""
-  cal = Calibration.from_config(config, num_prompts, seed)
-  graphdefs = {dtype: _graphdef(config, dtype) for dtype in ("float32", "bfloat16")}
+  cal = Calibration.from_spec(spec, num_prompts, seed)
+  graphdefs = {dtype: _graphdef(spec, dtype) for dtype in ("float32", "bfloat16")}
   rows = []
   for sampler_dtype, learner_dtype in COMPUTE_PAIRS:
     pair_cal = dataclasses.replace(cal, graphdef=graphdefs[sampler_dtype], learner_graphdef=graphdefs[learner_dtype])
     for weights in recipes:
-      rollout = RolloutConfig(weights=weights, temperature=config.rollout.temperature,
-                              max_new_tokens=config.rollout.max_new_tokens)
+      rollout = RolloutConfig(weights=weights, temperature=spec.rollout.temperature,
+                              max_new_tokens=spec.rollout.max_new_tokens)
       metrics = pair_cal.measure(rollout, jax.random.key(seed))
       rows.append({"sampler_compute": sampler_dtype, "learner_compute": learner_dtype, "weights": weights,
                    "k3": metrics["k3"], "k1": metrics["k1"],
@@ -46,6 +47,6 @@ def measure_floor(config, num_prompts: int = 256, seed: int = 0, recipes=("none"
   return rows
 
 
-def write_floor(path: str, config, num_prompts: int, rows: list[dict]) -> None:
+def write_floor(path: str, pair: str, num_prompts: int, rows: list[dict]) -> None:
   """The rows as one JSON file (pair, prompts, rows), written whole or not at all."""
-  write_json(path, {"pair": config.pair, "prompts": num_prompts, "rows": rows})
+  write_json(path, {"pair": pair, "prompts": num_prompts, "rows": rows})

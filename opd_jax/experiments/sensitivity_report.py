@@ -8,28 +8,28 @@ import os
 import jax
 
 from opd_jax.experiments.files import write_json
-from opd_jax.screening.calibration import Calibration
-from opd_jax.screening.sensitivity import fit_recipe, scan
 from opd_jax.models import read_hf_config
 from opd_jax.rollout import memory, precision
-from opd_jax.rollout.config import RolloutConfig
+from opd_jax.screening.calibration import Calibration
+from opd_jax.screening.sensitivity import fit_recipe, scan
+from opd_jax.spec import RunSpec
 
 
-def run(config, weights: str, out: str, *, num_prompts: int, target_k3: float, seed: int) -> dict:
+def run(spec: RunSpec, weights: str, out: str, *, num_prompts: int, target_k3: float, seed: int) -> dict:
   weights = precision.canonical_precision(weights)
-  rollout = RolloutConfig.from_config(config.rollout)
-  cal = Calibration.from_config(config, num_prompts, seed)
+  rollout = spec.rollout
+  cal = Calibration.from_spec(spec, num_prompts, seed)
   rows = scan(cal, weights, rollout, seed)
   whole = cal.measure(dataclasses.replace(rollout, weights=weights, weight_rules=()), jax.random.key(seed))
   target = target_k3 if target_k3 >= 0 else whole["k3"] / 2
   recipe = fit_recipe(cal, weights, rollout, rows, target, seed)
-  model_config = read_hf_config(config.student)
+  model_config = read_hf_config(spec.pair.student)
   recipe["weight_bytes"] = memory.weight_bytes(model_config, tuple(tuple(r) for r in recipe["rules"]))
   recipe["weight_bytes_bf16"] = memory.weight_bytes(model_config, ())
   recipe["whole_model_k3"] = whole["k3"]
-  recipe["pair"] = config.pair
+  recipe["pair"] = spec.pair.name
 
-  print(f"{config.pair}: {weights} sensitivity on {num_prompts} held-out prompts "
+  print(f"{spec.pair.name}: {weights} sensitivity on {num_prompts} held-out prompts "
         f"(whole-model {weights} k3 = {whole['k3']:.3g})")
   print(f"{'rank':>4}  {'group':<12} {'k3':>10} {'k1':>10} {'vocab KL':>10}")
   for i, r in enumerate(rows):
@@ -39,11 +39,11 @@ def run(config, weights: str, out: str, *, num_prompts: int, target_k3: float, s
 
   os.makedirs(out, exist_ok=True)
   write_json(os.path.join(out, f"sensitivity_{weights}.json"),
-             {"pair": config.pair, "precision": weights, "prompts": num_prompts, "whole_model": whole, "groups": rows})
+             {"pair": spec.pair.name, "precision": weights, "prompts": num_prompts, "whole_model": whole, "groups": rows})
   write_json(os.path.join(out, f"recipe_{weights}.json"), recipe)
-  _plot(rows, weights, config.pair, whole["k3"], os.path.join(out, f"sensitivity_{weights}.png"))
+  _plot(rows, weights, spec.pair.name, whole["k3"], os.path.join(out, f"sensitivity_{weights}.png"))
   print(f"wrote {out}/sensitivity_{weights}.json, .png and recipe_{weights}.json; use it with "
-        f"--config=configs/{config.pair}.py:recipe={out}/recipe_{weights}.json")
+        f"--config=configs/{spec.pair.name}.py:recipe={out}/recipe_{weights}.json")
   return {"groups": rows, "recipe": recipe}
 
 

@@ -17,7 +17,7 @@ from opd_jax.models import shapes
 from opd_jax.models.config import ModelConfig, read_hf_config
 from opd_jax.models.sharding import mesh_shape
 from opd_jax.rollout.config import RolloutConfig
-from opd_jax.spec.parts import MeshSpec, PairSpec
+from opd_jax.spec.parts import PairSpec
 from opd_jax.spec.run_spec import RunSpec
 from opd_jax.train import programs
 
@@ -41,13 +41,6 @@ def resolve_model(name_or_dir: str, field: str) -> ModelConfig:
 def shapes_of(pair: PairSpec) -> tuple[ModelConfig, ModelConfig]:
   """(teacher, student) shapes of a pair whose models may be shipped shape names (RunSpec.from_config's models)."""
   return resolve_model(pair.teacher, "config.teacher"), resolve_model(pair.student, "config.student")
-
-
-def devices_named(mesh: MeshSpec, rollout: RolloutConfig) -> int:
-  """Devices a run's mesh names: data (1 when -1, i.e. 'the rest') x fsdp x tensor for the learner, plus the
-  sampler's own devices when disaggregated. What launch/plan_memory.py simulates unless --devices says."""
-  learner = max(mesh.data, 1) * max(mesh.fsdp, 1) * max(mesh.tensor, 1)
-  return learner + (max(rollout.devices, 0) if rollout.placement == "disaggregated" else 0)
 
 
 @dataclasses.dataclass(frozen=True)

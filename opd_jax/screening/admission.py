@@ -20,24 +20,25 @@ import jax.numpy as jnp
 
 from opd_jax.errors import InputError
 from opd_jax.mismatch import budget as budget_lib
+from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening import k3_conversion
 from opd_jax.screening.calibration import Calibration
-from opd_jax.objectives.losses import ObjectiveConfig
-from opd_jax.rollout.config import RolloutConfig
+from opd_jax.spec import RunSpec
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.rollouts import RolloutProducer
 from opd_jax.train.step import TrainState, train_step
 
 
-def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> list:
-  """Learner parameters at burn-in + 0, 1, ..., `updates` OPD steps (exact sampler, config's objective/optimizer)."""
-  objective = ObjectiveConfig(**dict(config.objective))
-  o = config.optimizer
+def lagged_versions(cal: Calibration, spec: RunSpec, updates: int, seed: int = 0) -> list:
+  """Learner parameters at burn-in + 0, 1, ..., `updates` OPD steps (exact sampler, the run's objective and
+  optimizer)."""
+  objective = spec.objective
+  o = spec.optimizer
   schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
-                           total_steps=config.train.steps, end_lr_fraction=o.end_lr_fraction)
+                           total_steps=spec.train.steps, end_lr_fraction=o.end_lr_fraction)
   burn_in = max(o.warmup_steps, 10)
   optimizer = make_optimizer(schedule, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
-  rollout = RolloutConfig(temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens)
+  rollout = RolloutConfig(temperature=spec.rollout.temperature, max_new_tokens=spec.rollout.max_new_tokens)
   producer = RolloutProducer(student_graphdef=cal.graphdef, teacher_graphdef=cal.teacher_graphdef,
                              teacher_state=cal.teacher_state, rollout=rollout,
                              sampler=cal.sampler(rollout), objective=objective, put_batch=jnp.asarray, seed=seed,
@@ -57,7 +58,7 @@ def lagged_versions(cal: Calibration, config, updates: int, seed: int = 0) -> li
   return versions
 
 
-def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: int = 0, versions=None) -> dict:
+def measure_candidate(cal: Calibration, spec: RunSpec, rollout: RolloutConfig, seed: int = 0, versions=None) -> dict:
   """Mismatch metrics of `rollout` against the learner (see module docstring). versions: lagged_versions()
   with at least rollout.staleness_steps updates, to share one run between candidates (default: its own)."""
   key = jax.random.key(seed)
@@ -65,7 +66,7 @@ def measure_candidate(cal: Calibration, config, rollout: RolloutConfig, seed: in
   if s == 0:
     return cal.measure(rollout, key)
   if versions is None or len(versions) <= s:
-    versions = lagged_versions(cal, config, s, seed)
+    versions = lagged_versions(cal, spec, s, seed)
   fresh = dataclasses.replace(rollout, staleness_steps=0)
   return cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[s])
 

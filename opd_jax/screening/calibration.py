@@ -22,10 +22,9 @@ from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergence
 from opd_jax.models import load_tokenizer
 from opd_jax.objectives.chunked import exact_reverse_kl, gather_logp, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden, score
-from opd_jax.prepare.pair import prepare_pair
 from opd_jax.rollout.config import RolloutConfig, build_sampler_state
 from opd_jax.rollout.sampler import SampleOutput, Sampler
-from opd_jax.spec import PairSpec, pair_vocab
+from opd_jax.spec import RunSpec
 from opd_jax.train.load import load_model
 
 
@@ -48,15 +47,13 @@ class Calibration:
   learner_graphdef: nnx.GraphDef | None = None  # learner's own graph when its compute dtype differs from the sampler's
 
   @classmethod
-  def from_config(cls, config, num_prompts: int, seed: int = 0) -> "Calibration":
-    """Held-out prompts of the config's data source (never the training split) and its pair (prepared first
-    when the config says how, see opd_jax/prepare)."""
-    prepare_pair(config)
-    vocab = pair_vocab(config)
-    pair = PairSpec.from_config(config)
-    student, teacher = load_model(pair, "student", vocab=vocab), load_model(pair, "teacher", vocab=vocab)
-    tokenizer = load_tokenizer(config.tokenizer or config.student)
-    d = config.data
+  def from_spec(cls, spec: RunSpec, num_prompts: int, seed: int = 0) -> "Calibration":
+    """Held-out prompts of the run's data source (never the training split) and its pair (an entry point makes
+    the spec with opd_jax.spec.screening_spec, after preparing the pair)."""
+    pair = spec.pair
+    student, teacher = load_model(pair, "student", vocab=spec.vocab), load_model(pair, "teacher", vocab=spec.vocab)
+    tokenizer = load_tokenizer(pair.tokenizer_dir)
+    d = spec.data
     task = ArithmeticTask(d.min_terms, d.max_terms, d.min_digits, d.max_digits)
     problems = get_problems(d.source, "heldout", num_prompts, d.seed + 1000 + seed, task, d.train_file,
                             d.heldout_file)
@@ -66,9 +63,9 @@ class Calibration:
     eos = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     vocab = student.config.vocab_size
-    top_k = vocab if config.train.vocab_metrics_top_k == -1 else min(config.train.vocab_metrics_top_k, vocab)
+    top_k = min(spec.train.sampler_top_k(vocab), vocab)
     return cls(graphdef, params, teacher_graphdef, teacher_state, tokenizer, problems, prompts, valid, eos, pad,
-               vocab, config.objective.is_cap, top_k, config.train.logits_chunk)
+               vocab, spec.objective.is_cap, top_k, spec.train.logits_chunk)
 
   @functools.cached_property
   def _learner_score(self):

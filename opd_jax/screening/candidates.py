@@ -28,6 +28,7 @@ from opd_jax.rollout import memory
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening import admission
 from opd_jax.screening.calibration import Calibration
+from opd_jax.spec import RunSpec
 
 ALIASES = {"staleness": "staleness_steps", "noise": "noise_sigma", "kv": "kv_cache"}
 GIB = 2 ** 30
@@ -109,9 +110,8 @@ def rollout_for(base: RolloutConfig, candidate: Candidate) -> RolloutConfig:
     raise InputError(f"candidate {candidate.name!r}: {e}") from None
 
 
-def rollouts_for(config, candidates: list[Candidate]) -> list[RolloutConfig]:
-  """Every candidate's rollout config (the pair's, overridden); checked before anything is measured."""
-  base = RolloutConfig.from_config(config.rollout)
+def rollouts_for(base: RolloutConfig, candidates: list[Candidate]) -> list[RolloutConfig]:
+  """Every candidate's rollout config (the run's, overridden); checked before anything is measured."""
   return [rollout_for(base, c) for c in candidates]
 
 
@@ -125,25 +125,25 @@ def capacity(shape: ModelConfig, rollout: RolloutConfig, device_bytes: int, rese
           "kv_tokens": max(int(free // per_token), 0)}
 
 
-def screen(cal: Calibration, config, candidates: list[Candidate], budget_file: dict, *, shape: ModelConfig,
+def screen(cal: Calibration, spec: RunSpec, candidates: list[Candidate], budget_file: dict, *, shape: ModelConfig,
            device_bytes: int, seed: int = 0, steps: int | None = None) -> list[dict]:
   """Measures and judges every candidate (against the budget at the horizon nearest `steps`); returns rows ranked
   as the module docstring says."""
-  rollouts = rollouts_for(config, candidates)
+  rollouts = rollouts_for(spec.rollout, candidates)
   for rollout in rollouts:
     rollout.validate_for(cal.params)
   longest = max(r.staleness_steps for r in rollouts)
   lag_seconds, versions = 0.0, None
   if longest:
     start = time.perf_counter()
-    versions = admission.lagged_versions(cal, config, longest, seed)
+    versions = admission.lagged_versions(cal, spec, longest, seed)
     lag_seconds = time.perf_counter() - start
   reference = capacity(shape, RolloutConfig(weights="bf16", kv_cache="bf16"), device_bytes)["kv_tokens"]
   rows = []
   for candidate, rollout in zip(candidates, rollouts):
     start = time.perf_counter()
-    measured = admission.measure_candidate(cal, config, rollout, seed, versions)
-    verdict = admission.admit(measured, budget_file, config.pair, steps)
+    measured = admission.measure_candidate(cal, spec, rollout, seed, versions)
+    verdict = admission.admit(measured, budget_file, spec.pair.name, steps)
     room = capacity(shape, rollout, device_bytes)
     rows.append({"candidate": candidate.name, "overrides": candidate.overrides, **verdict, **room,
                  "kv_tokens_vs_bf16": room["kv_tokens"] / max(reference, 1),

@@ -14,36 +14,35 @@ import types
 
 import jax
 
-from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening.calibration import Calibration
-from opd_jax.spec import ServedSpec
+from opd_jax.spec import RunSpec
 from opd_jax.train import served as served_lib
 from opd_jax.train.programs import teacher_score_program
 
 
-def served_teacher_mismatch(cal: Calibration, config, seed: int = 0) -> dict | None:
-  """None without config.teacher_endpoint; else {"k3", "repeat_k3", "max_abs_logp_diff", "max_k3", "ok",
-  "endpoint"} on the student's exact-sampler responses to the calibration prompts (`ok`: both k3 at most
-  served_teacher.preflight_max_k3)."""
-  if not config.teacher_endpoint:
+def served_teacher_mismatch(cal: Calibration, spec: RunSpec, seed: int = 0) -> dict | None:
+  """None without a served teacher (config.teacher_endpoint); else {"k3", "repeat_k3", "max_abs_logp_diff",
+  "max_k3", "ok", "endpoint"} on the student's exact-sampler responses to the calibration prompts (`ok`: both k3
+  at most served_teacher.preflight_max_k3), with the objective the run trains (as the run's preflight scores)."""
+  endpoint = "" if spec.teachers.multi else spec.teachers.specs[0].endpoint
+  if not endpoint:
     return None
-  objective = ObjectiveConfig(**dict(config.objective))
-  served = ServedSpec.from_section(config.served_teacher)
-  client = served_lib.connect(served, config.teacher_endpoint, objective, cal.vocab_size, cal.tokenizer)
+  objective, served, temperature = spec.objective, spec.served, spec.rollout.temperature
+  client = served_lib.connect(served, endpoint, objective, cal.vocab_size, cal.tokenizer)
   try:
-    rollout = RolloutConfig(temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens)
+    rollout = RolloutConfig(temperature=temperature, max_new_tokens=spec.rollout.max_new_tokens)
     out = cal.sample(rollout, cal.sampler_state(rollout), jax.random.key(seed))
     batch = types.SimpleNamespace(prompt_BxP=cal.prompt_BxP, prompt_valid_BxP=cal.valid_BxP,
                                   response_BxR=out.tokens_BxN, mask_BxR=out.mask_BxN)
     warn_only = dataclasses.replace(served, preflight="warn")  # measured and reported here, not raised
-    score = teacher_score_program(cal.teacher_graphdef, objective, config.rollout.temperature, cal.logits_chunk)
+    score = teacher_score_program(cal.teacher_graphdef, objective, temperature, cal.logits_chunk)
     row = served_lib.preflight(warn_only, client, score, cal.teacher_state, batch,
                                warn=lambda message: None)
   finally:
     client.close()
   k3, repeat = row["teacher/preflight_k3"], row["teacher/preflight_repeat_k3"]
-  limit = config.served_teacher.preflight_max_k3
-  return {"endpoint": config.teacher_endpoint, "k3": k3, "repeat_k3": repeat,
+  limit = served.preflight_max_k3
+  return {"endpoint": endpoint, "k3": k3, "repeat_k3": repeat,
           "max_abs_logp_diff": row["teacher/preflight_max_abs_logp_diff"], "max_k3": limit,
           "ok": max(k3, repeat) <= limit}

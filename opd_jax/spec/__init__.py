@@ -2,8 +2,8 @@
 
 from opd_jax.spec.parts import (DataSpec, MeshSpec, ModelOptions, OptimizerSpec, PairSpec, ServedSpec, TeacherSpec,
                                 TrainSpec)
-from opd_jax.spec.run_spec import RunSpec, pair_vocab, response_group
+from opd_jax.spec.run_spec import RunSpec, devices_named, pair_vocab, response_group, screening_spec
 from opd_jax.spec.teachers import Teachers
 
-__all__ = ["DataSpec", "MeshSpec", "ModelOptions", "OptimizerSpec", "PairSpec", "RunSpec", "ServedSpec",
-           "TeacherSpec", "Teachers", "TrainSpec", "pair_vocab", "response_group"]
+__all__ = ["DataSpec", "MeshSpec", "ModelOptions", "OptimizerSpec", "PairSpec", "RunSpec", "ServedSpec", "TeacherSpec",
+           "Teachers", "TrainSpec", "devices_named", "pair_vocab", "response_group", "screening_spec"]

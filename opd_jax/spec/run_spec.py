@@ -84,6 +84,21 @@ class RunSpec:
                config.to_json(indent=2))
 
 
+def devices_named(mesh: MeshSpec, rollout: RolloutConfig) -> int:
+  """Devices a run's mesh names: data (1 when -1, i.e. 'the rest') x fsdp x tensor for the learner, plus the
+  sampler's own devices when disaggregated."""
+  learner = max(mesh.data, 1) * max(mesh.fsdp, 1) * max(mesh.tensor, 1)
+  return learner + (max(rollout.devices, 0) if rollout.placement == "disaggregated" else 0)
+
+
+def screening_spec(config) -> RunSpec:
+  """The spec of a run measured without training it (admission, sensitivity scan, prefix shift, benchmarks): its
+  layout is checked for the devices its config names, since a screen runs on this process's first device
+  whatever the run's mesh. The pair must be prepared first (opd_jax.prepare.pair.prepare_pair)."""
+  return RunSpec.from_config(config, device_count=devices_named(MeshSpec.from_section(config.mesh),
+                                                                RolloutConfig.from_config(config.rollout)))
+
+
 def response_group(rollout: RolloutConfig, objective: ObjectiveConfig) -> int:
   """Responses sampled per distinct prompt: grpo's group_size, else rollout.samples_per_prompt."""
   if objective.prompts_per_batch_divisor > 1:

@@ -12,9 +12,10 @@ import time
 
 from opd_jax.errors import InputError
 from opd_jax.experiments.sweep import BASELINE, set_field
-from opd_jax.rollout.config import RolloutConfig
+from opd_jax.prepare.pair import prepare_pair
 from opd_jax.screening import admission, k3_conversion
 from opd_jax.screening.calibration import Calibration
+from opd_jax.spec import screening_spec
 
 
 def distinct_points(rows: list[dict]) -> list[dict]:
@@ -38,12 +39,13 @@ def measure(rows: list[dict], load_pair_config, *, num_prompts: int, seed: int =
   for r in distinct_points(rows):
     config = load_pair_config(r["pair"])
     if r["pair"] not in calibrations:  # the pair's own batch, before any override touches the config
-      calibrations[r["pair"]] = Calibration.from_config(config, num_prompts, seed)
+      prepare_pair(config)
+      calibrations[r["pair"]] = Calibration.from_spec(screening_spec(config), num_prompts, seed)
     for key, value in r["overrides"].items():
       set_field(config, key, value)
     start = time.time()
-    measured = admission.measure_candidate(calibrations[r["pair"]], config,
-                                           RolloutConfig.from_config(config.rollout), seed)
+    spec = screening_spec(config)
+    measured = admission.measure_candidate(calibrations[r["pair"]], spec, spec.rollout, seed)
     out.append({"pair": r["pair"], "point": r["point"], "overrides": r["overrides"],
                 "admission_k3": float(measured["k3"]), "prompts": num_prompts, "seed": seed,
                 "seconds": time.time() - start})

@@ -147,7 +147,9 @@ def screen_pair(config, budget_file: dict, budget_path: str, trained: dict, base
                 shape, device_bytes: int, log=print) -> dict:
   """The screen of config.pair (the pair's own config: what the validation measures with): every pool candidate
   not in `trained`, through candidates.screen; the excluded ones with the runs that trained them."""
+  from opd_jax.prepare.pair import prepare_pair
   from opd_jax.screening.calibration import Calibration
+  from opd_jax.spec import screening_spec
   pair, start = config.pair, time.time()
   listed, excluded = [], []
   for overrides in candidate_pool():
@@ -157,8 +159,10 @@ def screen_pair(config, budget_file: dict, budget_path: str, trained: dict, base
     else:
       listed.append(candidates.Candidate(point_name(overrides), overrides))
   log(f"{pair}: screening {len(listed)} candidates ({len(excluded)} of the pool were trained before)")
-  cal = Calibration.from_config(config, PROMPTS, SCREEN_SEED)
-  rows = candidates.screen(cal, config, listed, budget_file, shape=shape, device_bytes=device_bytes,
+  prepare_pair(config)
+  spec = screening_spec(config)
+  cal = Calibration.from_spec(spec, PROMPTS, SCREEN_SEED)
+  rows = candidates.screen(cal, spec, listed, budget_file, shape=shape, device_bytes=device_bytes,
                            seed=SCREEN_SEED, steps=STEPS)
   return {"pair": pair, "steps": STEPS, "prompts": PROMPTS, "seed": SCREEN_SEED, "budget_file": budget_path,
           "budget_sha256": file_hash(budget_path), "code_version": code_version(), "pool": len(candidate_pool()),

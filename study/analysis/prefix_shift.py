@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from opd_jax.experiments.files import write_json
-from opd_jax.rollout.config import RolloutConfig
 from opd_jax.screening.calibration import Calibration
 from opd_jax.screening.prefix_shift import analyze
+from opd_jax.spec import RunSpec
 
 _COLUMNS = (("sigma", "sigma", "{:.3g}"), ("same_prefix_k3", "k3 same", "{:.3g}"),
             ("own_tokens_k3", "k3 own", "{:.3g}"), ("prefix_kl_clean", "KL clean", "{:.4f}"),
@@ -16,18 +16,18 @@ _COLUMNS = (("sigma", "sigma", "{:.3g}"), ("same_prefix_k3", "k3 same", "{:.3g}"
             ("accuracy_noisy", "acc noisy", "{:.3f}"), ("first_divergence_mean", "1st diff", "{:.1f}"))
 
 
-def run(config, sigmas: list[float], out: str, *, num_prompts: int, seed: int) -> list[dict]:
-  rollout = RolloutConfig.from_config(config.rollout)
-  cal = Calibration.from_config(config, num_prompts, seed)
+def run(spec: RunSpec, sigmas: list[float], out: str, *, num_prompts: int, seed: int) -> list[dict]:
+  rollout = spec.rollout
+  cal = Calibration.from_spec(spec, num_prompts, seed)
   rows = [analyze(cal, rollout, sigma, seed) for sigma in sigmas]
-  print(f"{config.pair}: prefix shift from sampler weight noise, {num_prompts} held-out prompts")
+  print(f"{spec.pair.name}: prefix shift from sampler weight noise, {num_prompts} held-out prompts")
   print("  ".join(f"{title:>10}" for _, title, _ in _COLUMNS))
   for row in rows:
     print("  ".join(f"{fmt.format(row[key]):>10}" for key, _, fmt in _COLUMNS))
   print(format_corrections(rows))
   os.makedirs(out, exist_ok=True)
-  write_json(os.path.join(out, "prefix_shift.json"), {"pair": config.pair, "prompts": num_prompts, "rows": rows})
-  plot(rows, config.pair, os.path.join(out, "prefix_shift.png"))
+  write_json(os.path.join(out, "prefix_shift.json"), {"pair": spec.pair.name, "prompts": num_prompts, "rows": rows})
+  plot(rows, spec.pair.name, os.path.join(out, "prefix_shift.png"))
   print(f"wrote {out}/prefix_shift.json and prefix_shift.png")
   return rows
 

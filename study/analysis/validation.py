@@ -96,8 +96,9 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
   with it; with the hash hold-out its pre-registered decisions go into the budget fitted without the held-out
   points). `admission_k3`: study/admission_k3.py rows of the calibration points, for the hash hold-out's budget
   (its measured step-0 / run-mean k3 factor, opd_jax.screening.k3_conversion)."""
-  from opd_jax.rollout.config import RolloutConfig
+  from opd_jax.prepare.pair import prepare_pair
   from opd_jax.screening.calibration import Calibration
+  from opd_jax.spec import screening_spec
   rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if heldout:
     if budget_file is None:
@@ -125,11 +126,12 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
     config = load_pair_config(row["pair"])
     for key, value in row["overrides"].items():
       set_field(config, key, value)
+    prepare_pair(config)
+    spec = screening_spec(config)
     if row["pair"] not in calibrations:
-      calibrations[row["pair"]] = Calibration.from_config(config, num_prompts, seed)
+      calibrations[row["pair"]] = Calibration.from_spec(spec, num_prompts, seed)
     start = time.time()
-    measured = admission.measure_candidate(calibrations[row["pair"]], config,
-                                           RolloutConfig.from_config(config.rollout), seed)
+    measured = admission.measure_candidate(calibrations[row["pair"]], spec, spec.rollout, seed)
     value = budget_lib.SCALES[budget_file["scale"]]({f"mismatch/{k}": v for k, v in measured.items()})
     verdict = judge({"pair": row["pair"], "measured": value, "quality_loss": row["quality_loss"],
                      "steps": row.get("steps")}, budget_file)
