@@ -1,5 +1,5 @@
-"""Test setup: 8 simulated CPU devices and LLVM -O0 (set before jax is imported), strict rank promotion, a
-session compilation cache, tiny HF checkpoints."""
+"""Test setup: 8 simulated CPU devices and LLVM -O0 (set before jax is imported), strict rank promotion, one
+compilation cache for the session's processes, tiny HF checkpoints."""
 
 import os
 
@@ -15,21 +15,32 @@ os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("OPD_JAX_COMPILATION_CACHE", "off")  # launch scripts in tests leave no cache in $HOME
+# Commands the tests start begin with the glibc tunable launch/train.py would re-execute itself to add
+# (opd_jax/train/malloc.py, train.malloc_huge_pages): the same process settings, without a second interpreter
+# start and import (~2 s per command). tests/test_memory_plan.py tests the re-execution with its own environment.
+os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
 
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
+# One persistent compilation cache for the whole session: pytest's process makes the folder and removes it when
+# the session ends; its xdist workers and every command a test starts inherit the variable and share it (a
+# launch script reads OPD_JAX_COMPILATION_CACHE). The tests compile the same tiny programs many times over (the
+# loop's evaluation samplers and teacher scoring in every train() call, pair1's smoke run in many commands); a
+# cache hit returns the executable compiled for the same program and flags, so no number changes. Tests that
+# measure a command as a user runs it set OPD_JAX_COMPILATION_CACHE=off for it. Nothing lands in $HOME.
+_CACHE_VAR = "OPD_JAX_TEST_XLA_CACHE"
+if _CACHE_VAR not in os.environ:
+  os.environ[_CACHE_VAR] = tempfile.mkdtemp(prefix="opd_jax_test_xla_")
+  atexit.register(shutil.rmtree, os.environ[_CACHE_VAR], ignore_errors=True)
+os.environ.setdefault("OPD_JAX_COMPILATION_CACHE", os.environ[_CACHE_VAR])
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-# A session-wide persistent compilation cache: the loop tests compile many identical programs (evaluation
-# samplers, teacher scoring) in separate train() calls; ~18% off test_train. Removed when the session ends.
-_XLA_CACHE = tempfile.mkdtemp(prefix="opd_jax_test_xla_")
-atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
-jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VAR])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 from tests import checkpoints  # noqa: E402

@@ -6,7 +6,7 @@ JOBS.json is a list of {"argv": [script, args...] or ["-m", module, args...], "s
 flax, optax and opd_jax once (without starting a backend: no array is made here), then forks one child per job,
 at most --parallel at a time. Each child redirects its stdout / stderr to the job's files and runs the script as
 `__main__`, the way `python script args...` (or `python -m module args...`) would; its exit status is what the script's process exits with. The
-result is a list of {"returncode": int} in job order (-9: killed after the job's timeout).
+result is a list of {"returncode": int, "seconds": float} in job order (-9: killed after the job's timeout).
 
 Why: the error-contract table has ~70 cases; each plain `python launch/x.py` spends ~2 s importing jax and the
 package before it parses a flag, which made that table the slowest module of the suite. Forking from a process
@@ -82,14 +82,16 @@ def main(jobs_file: str, parallel: int, timeout_s: float) -> list[dict]:
   sys.stderr.flush()
   results: list[dict | None] = [None] * len(jobs)
   running: dict[int, tuple[int, float]] = {}  # pid -> (job index, deadline)
+  started: dict[int, float] = {}  # job index -> when it started
   pending = list(range(len(jobs)))
   while pending or running:
     while pending and len(running) < parallel:
       i = pending.pop(0)
+      started[i] = time.monotonic()
       pid = os.fork()
       if pid == 0:
         _child(jobs[i])
-      running[pid] = (i, time.monotonic() + timeout_s)
+      running[pid] = (i, started[i] + timeout_s)
     pid, status = os.waitpid(-1, os.WNOHANG)
     if pid == 0:
       for child, (i, deadline) in list(running.items()):
@@ -98,7 +100,7 @@ def main(jobs_file: str, parallel: int, timeout_s: float) -> list[dict]:
       time.sleep(0.02)
       continue
     i, _ = running.pop(pid)
-    results[i] = {"returncode": os.waitstatus_to_exitcode(status)}
+    results[i] = {"returncode": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - started[i]}
   return results
 
 

@@ -117,6 +117,9 @@ def test_without_the_manifest_a_flipped_bit_reads_back_as_other_numbers(tmp_path
   checkpointer.close()
 
 
+# orbax's abandoned reads of the damaged step raise again when collected, in pytest's process; the commands drop
+# exactly those (opd_jax/train/checkpoint/quiet.py, tested below), pytest reports them as a warning: expected here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage,manifest", [(name, manifest) for name, (_, _, without) in DAMAGES.items()
                                              for manifest in (True, False) if manifest or without],
                          ids=lambda v: v if isinstance(v, str) else ("with manifest" if v else "without manifest"))

@@ -60,6 +60,7 @@ def test_a_served_teacher_reproduces_the_in_process_run(tiny_pair, tmp_path):
   assert first["teacher/preflight_k3"] < 1e-8 and first["teacher/preflight_repeat_k3"] == 0.0
 
 
+@pytest.mark.slow  # a long end-to-end run: CI's full suite, not the fast tier
 def test_a_served_teacher_that_is_another_model_is_refused_before_anything_is_written(tiny_pair, tmp_path):
   """The preflight compares the served scores of the first batch with config.teacher's own: a server of another
   model (here the student) is refused with one message naming the threshold, before the workdir exists."""
@@ -147,6 +148,7 @@ def test_an_unreachable_teacher_stops_train_py_with_one_error_line_and_exit_1(tm
   assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.slow  # a long end-to-end run: CI's full suite, not the fast tier
 def test_the_admission_check_measures_the_served_teacher_as_the_preflight_does(tiny_pair):
   """launch/admit.py's teacher side (opd_jax/screening/teacher_check.py): a server of the teacher's own
   checkpoint passes at float32 round-off, a server of another model (the student) fails

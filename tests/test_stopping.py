@@ -6,6 +6,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from opd_jax.models import load_pretrained
 from opd_jax.rollout.sampler import left_pad
@@ -72,6 +73,7 @@ def test_evaluation_reports_the_share_at_the_cap_and_the_share_that_repeats(tmp_
   assert evaluation.repeats([5] * 9) and not evaluation.repeats([5] * 8)
 
 
+@pytest.mark.slow  # a long end-to-end run: CI's full suite, not the fast tier
 def test_a_student_relearns_to_stop_only_with_teacher_endings_in_its_rows_and_a_forward_pull(tmp_path):
   """The SmolLM2 failure at tiny scale, both halves of it (docs/real_pair.md). The embedded pair1 student with its
   end-of-sequence embedding flipped (-0.5x) never ends a short answer (EOS probability 0.000 where the teacher's

@@ -103,6 +103,7 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow  # a long end-to-end run: CI's full suite, not the fast tier
 def test_a_routed_run_logs_per_teacher_metrics_and_two_copies_of_one_teacher_train_as_that_teacher(tmp_path):
   """Routing between two copies of pair1's teacher logs what the one-teacher run logs (same objective), to 1e-5,
   plus per-teacher tokens (adding up to the batch's), KL estimates and each held-out prompt's KL to its own
