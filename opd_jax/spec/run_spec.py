@@ -52,8 +52,8 @@ class RunSpec:
     """device_count: devices the run will have (default: this process's jax.device_count()). models: pair ->
     (teacher, student) ModelConfigs, read instead of the checkpoints' config.json (planning a run whose
     checkpoints and data are elsewhere, opd_jax.planning.plan_spec.shapes_of: vocabularies are taken as they
-    are, tokenizers not compared, data files not looked for); it is called after every check of the config's
-    own values, so a bad value is reported before a missing model."""
+    are, tokenizers not compared, data files not looked for); it is called after the checks of the config's
+    sections and layout, so a bad value there is reported before a missing model."""
     rollout = RolloutConfig.from_config(config.rollout)
     objective = ObjectiveConfig(**dict(config.objective))
     train = TrainSpec.from_section(config.train)
