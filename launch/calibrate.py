@@ -23,7 +23,7 @@ _SEED_MEANS = flags.DEFINE_bool("seed_means", False, "Each point is the mean ove
                                  "with seed=S, one results file per seed); the interval resamples points, then seeds.")
 _PAIR_TEST = flags.DEFINE_string("pair_test", None, "pair_budgets.json from study/pair_budgets.py: its decision "
                                  "(per-pair or pooled budgets) goes into the budget file, and admission follows it.")
-_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "study/admission_k3.py's measurements of these points: "
+_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "launch/admission_k3.py's measurements of these points: "
                                     "the budget file carries the measured factor from the admission check's step-0 "
                                     "k3 to the budgets' run-mean k3 (k3_conversion), and admission divides by it.")
 _HORIZON_TEST = flags.DEFINE_bool("horizon_test", False, "Run the pre-registered horizon test "

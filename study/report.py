@@ -35,7 +35,7 @@ _EXCLUDE = flags.DEFINE_list("heldout_exclude", [], "--validate: pair/point rows
                               "(e.g. pair3/k3_low when it repeats a calibration configuration).")
 _SEED_MEANS = flags.DEFINE_bool("seed_means", False, "--validate: calibrate on seed means, as launch/calibrate.py "
                                  "--seed_means (give every seed's --results file).")
-_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "--validate: study/admission_k3.py's measurements of the "
+_ADMISSION_K3 = flags.DEFINE_string("admission_k3", None, "--validate: launch/admission_k3.py's measurements of the "
                                     "calibration points; the budget carries the step-0 / run-mean k3 factor, as "
                                     "launch/calibrate.py --admission_k3.")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Budget tolerance for validation (accuracy points).")

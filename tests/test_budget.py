@@ -449,7 +449,7 @@ def test_the_k3_conversion_is_measured_per_pair_and_admission_divides_by_it():
   assert not admission.admit({"k3": 1.5 * limit}, unconverted, "pair1", 150)["admit"]
   assert k3_conversion.factor_for(unconverted, "pair1", 150) == (1.0, "admission k3 compared unconverted (the "
                                                                      "budget file has no k3_conversion)")
-  from study.analysis.admission_k3 import distinct_points  # what study/admission_k3.py measures: one row
+  from opd_jax.experiments.admission_k3 import distinct_points  # what launch/admission_k3.py measures: one row
   again = [{**r, "seed": 1, "steps": 75} for r in calibration]  # per configuration, over seeds and run lengths
   assert [(r["pair"], r["point"]) for r in distinct_points(calibration + again)] == \
          [(m["pair"], m["point"]) for m in measured]

@@ -105,7 +105,7 @@ CASES = [
      "--admission_k3={d}/none.jsonl", "admission k3 file"),
     ("calibrate_admission_k3_fields", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
      "--admission_k3={d}/ok.jsonl", "missing field 'overrides'"),
-    ("admission_k3_prompts", "study/admission_k3.py", "--results={d}/none.jsonl", "--prompts=0",
+    ("admission_k3_prompts", "launch/admission_k3.py", "--results={d}/none.jsonl", "--prompts=0",
      "--prompts=0 must be >= 1"),
     ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
     ("calibrate_nothing_usable", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",

@@ -71,7 +71,7 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
   sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
   for that length. `seed_means`: each point is the mean over its seeds (runs of one pair, point and length from
   several results files), with a bootstrap that resamples points and then seeds within them. `admission_k3`
-  (study/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by."""
+  (launch/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by."""
   scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
   usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
   if seed_means:

@@ -104,12 +104,12 @@ def read_results(path: str) -> list[dict]:
 
 
 def read_admission_k3(path: str) -> list[dict]:
-  """study/admission_k3.py rows (the admission check's k3 per calibration configuration), checked."""
+  """launch/admission_k3.py rows (the admission check's k3 per calibration configuration), checked."""
   if not os.path.exists(path):
-    raise InputError(f"admission k3 file {path!r} does not exist (make it with study/admission_k3.py)")
+    raise InputError(f"admission k3 file {path!r} does not exist (make it with launch/admission_k3.py)")
   rows = read_jsonl(path, "admission k3 file")
   if not rows:
-    raise InputError(f"admission k3 file {path!r} has no rows; make it with study/admission_k3.py")
+    raise InputError(f"admission k3 file {path!r} has no rows; make it with launch/admission_k3.py")
   for number, row in enumerate(rows, 1):
     _check_fields(row, ADMISSION_K3_FIELDS, f"admission k3 file {path!r}, row {number}")
   return rows

@@ -3,7 +3,7 @@
 The budgets are fitted on a run's mean of `mismatch/k3` over its logged steps; the admission check measures k3
 once, at step 0, on a calibration batch. The two differ because the mismatch moves while the student trains.
 `fit` measures the factor on the calibration points themselves (never on held-out ones): for every point it
-divides the admission check's step-0 k3 (study/admission_k3.py) by the point's run-mean k3, and takes the
+divides the admission check's step-0 k3 (launch/admission_k3.py) by the point's run-mean k3, and takes the
 geometric mean of these ratios per pair and pooled, at each run length (horizon), with a 90% bootstrap interval
 over points and the geometric standard deviation of the ratios (how far one configuration strays from it).
 `factor_for` picks what the admission check divides its measurement by before comparing it with a budget: the
@@ -37,7 +37,7 @@ def _summary(ratios: list[float], seed: int = 0) -> dict:
 
 def fit(calibration_rows: list[dict], measurements: list[dict], main_steps) -> dict:
   """budget.json's `k3_conversion`. calibration_rows: the rows the budgets were fitted on (seed means or single
-  runs, finished, with `mismatch`); measurements: study/admission_k3.py rows. Every non-baseline calibration
+  runs, finished, with `mismatch`); measurements: launch/admission_k3.py rows. Every non-baseline calibration
   point needs its measurement (matched by pair and overrides)."""
   measured = {point_key(m): m["admission_k3"] for m in measurements}
   points, missing = [], []
@@ -54,7 +54,7 @@ def fit(calibration_rows: list[dict], measurements: list[dict], main_steps) -> d
                      "run_k3": run_k3, "ratio": measured[key] / run_k3})
   if missing:
     raise InputError(f"the admission k3 file has no measurement of calibration point(s) {sorted(set(missing))}; "
-                     "make it with study/admission_k3.py over the same --results files")
+                     "make it with launch/admission_k3.py over the same --results files")
   by_horizon = {}
   for steps in sorted({p["steps"] for p in points}, key=lambda s: s or 0):
     at = [p for p in points if p["steps"] == steps]

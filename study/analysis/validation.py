@@ -94,7 +94,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
              seed_means: bool = False, admission_k3: list[dict] | None = None, log=print) -> dict:
   """`budget_file`: the budget file admission reads (required with `heldout`: the held-out points are judged
   with it; with the hash hold-out its pre-registered decisions go into the budget fitted without the held-out
-  points). `admission_k3`: study/admission_k3.py rows of the calibration points, for the hash hold-out's budget
+  points). `admission_k3`: launch/admission_k3.py rows of the calibration points, for the hash hold-out's budget
   (its measured step-0 / run-mean k3 factor, opd_jax.screening.k3_conversion)."""
   from opd_jax.prepare.pair import prepare_pair
   from opd_jax.screening.calibration import Calibration

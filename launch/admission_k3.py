@@ -1,6 +1,6 @@
 """The admission check's step-0 k3 on every calibration point (what budget.json's k3_conversion is fitted on):
 
-  python -m study.admission_k3 --results=results/sources.jsonl [--results=...] --out=results/admission_k3.jsonl
+  python launch/admission_k3.py --results=results/sources.jsonl [--results=...] --out=results/admission_k3.jsonl
       [--prompts=128] [--seed=0]
 
 Give the same results files as launch/calibrate.py; each distinct configuration is measured once, as
@@ -22,7 +22,7 @@ def run():
   import json
   from configs import common
   from opd_jax.errors import InputError
-  from study.analysis import admission_k3
+  from opd_jax.experiments import admission_k3
   from opd_jax.experiments.calibrate_report import load_rows
   from opd_jax.experiments.files import write_text
   if _PROMPTS.value < 1:
