@@ -1,4 +1,4 @@
-"""Prefix-shift analysis of sampler weight noise (see opd_jax/mismatch/prefix_shift.py).
+"""Prefix-shift analysis of sampler weight noise (see opd_jax/screening/prefix_shift.py).
 
   python -m study.prefix_shift --config=configs/pair1.py --noise=0.01,0.03,0.1 [--out=DIR]
 
