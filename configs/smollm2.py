@@ -77,13 +77,15 @@ def get_config(arg=None):
   c.objective.beta = 0.5
   c.optimizer.learning_rate = 1e-4
   c.optimizer.warmup_steps = 10
-  c.train.steps = 150
+  # 300 steps, not 150: greedy repetition 27.1% -> 19.8% and held-out reverse KL 46% -> 41% of the pruned
+  # student's on one seed (results/smollm2/tuning/); a sampling temperature of 0.6 instead did not help.
+  c.train.steps = 300
   c.train.batch_size = 8
   c.train.logits_chunk = 512  # tokens per vocabulary chunk: 512 x 49,152 x 4 bytes = 100 MB of logits
-  # About 10 s per step on 2 cores (sample 8 x 48 tokens, teacher scoring, update); 150 steps + 3 evaluations
+  # About 5 s per step on 2 cores (sample 8 x 48 tokens, teacher scoring, update); 300 steps + 5 evaluations
   # + preparation fit in 45 minutes (README has the measured wall time).
   c.train.log_every = 5
-  c.train.eval_every = 75  # evaluations at steps 0, 75 and 150
+  c.train.eval_every = 75  # evaluations at steps 0, 75, 150, 225 and 300
   c.train.eval_size = 96  # held-out prompts per evaluation: 48 chat prompts, 48 capital questions (39 graded)
   c.train.eval_batch_size = 32
   c.train.eval_teacher_forced = True  # teacher's greedy responses: its accuracy and eval/teacher_forced_kl
