@@ -1,6 +1,7 @@
 """Budget calibration from sweep results:
 
   python launch/calibrate.py --results=DIR/results.jsonl --out=budget.json [--tolerance=0.02] [--relative]
+      [--quality=accuracy|reverse_kl]
       [--pair_test=results/pair_budgets.json] [--seed_means] [--admission_k3=results/admission_k3.jsonl]
       [--horizon_test]
 
@@ -17,6 +18,10 @@ _OUT = flags.DEFINE_string("out", "budget.json", "Budget file to write.")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.02, "Allowed quality loss: accuracy points (0..1), or a fraction "
                                 "of the baseline accuracy with --relative.")
 _RELATIVE = flags.DEFINE_bool("relative", False, "Tolerance relative to the baseline accuracy.")
+_QUALITY = flags.DEFINE_enum("quality", "accuracy", ["accuracy", "reverse_kl"],
+                             "What a point loses against its seed's baseline: final held-out accuracy (points), or "
+                             "the rise of its final held-out reverse KL to the teacher as a fraction of the "
+                             "baseline's (a real pair's measure).")
 _HOLDOUT = flags.DEFINE_string("holdout", "", "Point names excluded from calibration (comma-separated), "
                                "kept for validating the admission check.")
 _SEED_MEANS = flags.DEFINE_bool("seed_means", False, "Each point is the mean over its seeds (the same sweep run "
@@ -37,7 +42,8 @@ def run():
   holdout = [p for p in _HOLDOUT.value.split(",") if p]
   calibrate_report.run(_RESULTS.value, _OUT.value, tolerance=_TOLERANCE.value, relative=_RELATIVE.value,
                        holdout=holdout, pair_test=_PAIR_TEST.value, seed_means=_SEED_MEANS.value,
-                       admission_k3=_ADMISSION_K3.value, horizon_test=_HORIZON_TEST.value)
+                       admission_k3=_ADMISSION_K3.value, horizon_test=_HORIZON_TEST.value,
+                       quality=_QUALITY.value)
 
 
 def main(argv):

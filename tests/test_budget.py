@@ -101,6 +101,41 @@ def test_seed_mean_calibration_pools_seeds_per_point_and_bootstraps_them():
     seed_mean_rows(seeds[0] + seeds[0])
 
 
+def _kl_rows(seed=0, pair="smollm2"):
+  """Rows whose accuracy never moves but whose final reverse KL rises 10% per decade of k3 above 1e-2."""
+  rng = np.random.default_rng(seed)
+  rows = [{"pair": pair, "point": "baseline", "status": "ok", "final_accuracy": 0.5, "best_accuracy": 0.5,
+           "final_reverse_kl": 0.8,
+           "mismatch": {"mismatch/k3": 0.0}, "rollout": {}, "overrides": {}, "seed": seed}]
+  for i, k3 in enumerate(np.geomspace(1e-4, 3.0, 10)):
+    rise = 0.10 * max(0.0, np.log10(k3 / 1e-2)) + rng.normal(0, 0.002)
+    rows.append({"pair": pair, "point": f"noise_{i}", "status": "ok", "final_accuracy": 0.5, "best_accuracy": 0.5,
+                 "final_reverse_kl": 0.8 * (1 + rise), "mismatch": {"mismatch/k3": float(k3)}, "rollout": {},
+                 "overrides": {"rollout.noise_sigma": float(k3)}, "seed": seed})
+  return fill_deltas(rows)
+
+
+def test_reverse_kl_quality_budgets_on_the_relative_rise_of_the_final_reverse_kl():
+  """quality="reverse_kl": a point's loss is its final reverse KL's rise over its baseline's, as a fraction of the
+  baseline's; a 5% tolerance crosses at k3 = 1e-2 * 10^0.5. Accuracy (flat here) sees no loss at all."""
+  rows = _kl_rows()
+  kl = budget_lib.calibrate(rows, tolerance=0.05, bootstrap=20, quality="reverse_kl")
+  assert kl["quality"] == "reverse_kl" and kl["bounded"] and kl["budget"] == pytest.approx(10 ** -1.5, rel=0.35)
+  assert kl["points"][-1]["quality_loss"] == pytest.approx((rows[-1]["final_reverse_kl"] - 0.8) / 0.8)
+  assert not budget_lib.calibrate(rows, tolerance=0.05, bootstrap=5)["bounded"]  # accuracy: nothing lost
+  seeds = [_kl_rows(s) for s in (0, 1)]
+  budget = build_budget([r for rows in seeds for r in rows], tolerance=0.05, relative=False, other_scales=False,
+                        seed_means=True, quality="reverse_kl")
+  assert budget["quality"] == "reverse_kl" and budget["budgets"]["smollm2"]["points"][-1]["seeds"] == 2
+  with pytest.raises(ValueError, match="already relative"):
+    budget_lib.calibrate(rows, relative=True, quality="reverse_kl")
+  with pytest.raises(ValueError, match="not one of"):
+    budget_lib.calibrate(rows, quality="bleu")
+  no_kl = [{k: v for k, v in r.items() if "reverse_kl" not in k} for r in rows]
+  with pytest.raises(ValueError, match=">= 3 finished"):  # rows without the measure are not points of it
+    budget_lib.calibrate(no_kl, quality="reverse_kl")
+
+
 @pytest.mark.slow
 def test_budget_file_has_pairs_pooled_and_transfer():
   budget = build_budget(_rows(0, "pair1") + _rows(1, "pair2"), tolerance=0.03, relative=False)

@@ -30,10 +30,11 @@ SHORT_RUN = (  # shared by every sweep: each point trains this long and evaluate
 
 
 def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], points,
-                 base=()) -> ml_collections.ConfigDict:
+                 base=(), default_steps: int = STEPS) -> ml_collections.ConfigDict:
   """A sweep: `points` ((name, ((dotted field, value), ...)), ...) over pairs, varied by the arguments above;
-  `base`: the sweep's own overrides of every point (the arguments win over them)."""
-  args = parse_arg(arg, pairs="", steps=STEPS, lr=0.0, objective="", seed=0, only="")
+  `base`: the sweep's own overrides of every point (the arguments win over them); `default_steps`: the sweep's own
+  run length (steps=N differing from it is appended to the name)."""
+  args = parse_arg(arg, pairs="", steps=default_steps, lr=0.0, objective="", seed=0, only="")
   pairs = PAIRS if args.pairs == "all" else tuple(filter(None, args.pairs.split("+"))) or default_pairs
   unknown = [p for p in pairs if p not in PAIRS + REAL_PAIRS]
   if unknown:
@@ -43,7 +44,7 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
     raise ValueError(f"config argument steps={args.steps} must be >= 1")
   overrides = dict(SHORT_RUN + tuple(base))
   overrides.update({"train.steps": args.steps, "train.eval_every": args.steps, "train.checkpoint_every": args.steps})
-  tags = [f"steps={args.steps}"] if args.steps != STEPS else []
+  tags = [f"steps={args.steps}"] if args.steps != default_steps else []
   if args.lr:
     overrides["optimizer.learning_rate"] = args.lr
     tags.append(f"lr={args.lr:g}")

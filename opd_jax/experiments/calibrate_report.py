@@ -44,6 +44,9 @@ SCALE_CONVERTED = ("run mean: the training step's mismatch/k3 averaged over a ru
                    "factor (measured on these calibration points) before comparing it with these budgets")
 
 
+QUALITY_FIELDS = ("delta_final_accuracy", "final_accuracy", "delta_final_reverse_kl", "final_reverse_kl")
+
+
 def seed_mean_rows(rows: list[dict]) -> list[dict]:
   """One row per (pair, point, run length): the seed mean of its runs' mismatch and accuracy delta, with the runs
   kept as `seed_rows` (budget_lib.calibrate then bootstraps seeds within points). Runs of one point must share
@@ -58,22 +61,25 @@ def seed_mean_rows(rows: list[dict]) -> list[dict]:
       raise InputError(f"{pair}/{point}: its runs must share one configuration and differ in seed (seeds {seeds}); "
                        "pass each seed's results file once")
     keys = set.intersection(*(set(k for k, v in r["mismatch"].items() if isinstance(v, float)) for r in runs))
+    # The quality fields are seed means too (a reverse-KL point's loss is its mean rise over its mean baseline).
+    means = {k: float(np.mean([r[k] for r in runs])) for k in QUALITY_FIELDS
+             if all(r.get(k) is not None for r in runs)}
     out.append({**runs[0], "mismatch": {k: float(np.mean([r["mismatch"][k] for r in runs])) for k in keys},
-                "delta_final_accuracy": float(np.mean([r["delta_final_accuracy"] for r in runs])),
-                "final_accuracy": float(np.mean([r["final_accuracy"] for r in runs])),
-                "seeds": sorted(seeds), "seed_rows": runs})
+                **means, "seeds": sorted(seeds), "seed_rows": runs})
   return out
 
 
 def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_scales: bool = True,
-                 seed_means: bool = False, admission_k3: list[dict] | None = None) -> dict:
+                 seed_means: bool = False, admission_k3: list[dict] | None = None, quality: str = "accuracy") -> dict:
   """Per-pair and pooled budgets (primary scale) plus the other scales' fits (`other_scales`), from finished
   sweep rows, at every run length (horizon) the rows have: a budget is calibrated by runs of one length and is
   for that length. `seed_means`: each point is the mean over its seeds (runs of one pair, point and length from
   several results files), with a bootstrap that resamples points and then seeds within them. `admission_k3`
-  (launch/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by."""
+  (launch/admission_k3.py rows for these points) adds `k3_conversion`, the factor admission divides by. `quality`:
+  what a point loses against its baseline (budget_lib.QUALITIES)."""
+  budget_lib.check_quality(quality, relative)
   scales = [s for s in budget_lib.SCALES if s != PRIMARY] if other_scales else []
-  usable = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
+  usable = [r for r in rows if budget_lib.has_quality(r, quality)]
   if seed_means:
     usable = seed_mean_rows(usable)
   main = main_horizon(usable) if usable else None
@@ -86,23 +92,25 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
       if len(subset) < 3:
         continue
       key = horizon_key(name, h, main)
-      budgets[key] = {**budget_lib.calibrate(subset, scale=PRIMARY, tolerance=tolerance, relative=relative),
-                      "steps": h}
+      budgets[key] = {**budget_lib.calibrate(subset, scale=PRIMARY, tolerance=tolerance, relative=relative,
+                                             quality=quality), "steps": h}
       others[key] = {s: {k: v for k, v in budget_lib.calibrate(subset, scale=s, tolerance=tolerance,
-                                                                 relative=relative).items()
+                                                                 relative=relative, quality=quality).items()
                          if k in ("budget", "interval", "set_by", "bounded")} for s in scales}
   if not budgets:
-    raise InputError("no pair has >= 3 finished sweep points with a baseline")
+    needs = (" and a final held-out reverse KL (a sweep records it with train.eval_sampled=True)"
+             if quality == "reverse_kl" else "")
+    raise InputError(f"no pair has >= 3 finished sweep points with a baseline{needs}")
   main_rows = [r for r in usable if r.get("steps") == main]
   pairs = sorted({r["pair"] for r in main_rows})
   per_pair = {p: budgets[p]["budget"] for p in pairs if p in budgets}
   transfer = {"per_pair_budgets": per_pair,
               "max_over_min": (max(per_pair.values()) / min(per_pair.values())
                                if len(per_pair) > 1 and min(per_pair.values()) > 0 else None),
-              "matrix": transfer_matrix(main_rows, budgets, per_pair, tolerance, relative)}
+              "matrix": transfer_matrix(main_rows, budgets, per_pair, tolerance, relative, quality)}
   conversion = k3_conversion.fit(usable, admission_k3, main) if admission_k3 is not None else None
   return {"scale": PRIMARY, "scale_measured_as": SCALE_CONVERTED if conversion else SCALE_MEASURED_AS,
-          **({"k3_conversion": conversion} if conversion else {}), "tolerance": tolerance,
+          **({"k3_conversion": conversion} if conversion else {}), "quality": quality, "tolerance": tolerance,
           "tolerance_relative": relative, "steps": main,
           "horizons": horizons, "budgets": budgets, "other_scales": others, "transfer": transfer,
           "runs": [{"pair": r["pair"], "point": r["point"], "steps": r.get("steps"),
@@ -110,7 +118,8 @@ def build_budget(rows: list[dict], *, tolerance: float, relative: bool, other_sc
           **({"seed_means": True} if seed_means else {})}
 
 
-def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: float, relative: bool) -> dict:
+def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: float, relative: bool,
+                    quality: str = "accuracy") -> dict:
   """matrix[A][B]: pair A's budget judging pair B's runs - how many of B's points it admits or rejects the way
   B's real quality loss says (admit = k3 <= budget A; real ok = loss <= tolerance, B's own baseline)."""
   matrix = {}
@@ -119,7 +128,7 @@ def transfer_matrix(rows: list[dict], budgets: dict, per_pair: dict, tolerance: 
     for b in per_pair:
       subset = [r for r in rows if r["pair"] == b]
       m = [budget_lib.SCALES[PRIMARY](r["mismatch"]) for r in subset]
-      q, tol = budget_lib.quality_losses(subset, tolerance, relative)
+      q, tol = budget_lib.quality_losses(subset, tolerance, relative, quality)
       agree = [(mi <= budgets[a]["budget"]) == (qi <= tol) for mi, qi in zip(m, q)]
       matrix[a][b] = {"agree": int(sum(agree)), "n": len(agree),
                       "wrongly_admitted": [r["point"] for r, mi, qi in zip(subset, m, q)
@@ -171,10 +180,14 @@ def horizon_test_entry(rows: list[dict], tolerance: float, seed_means: bool) -> 
 
 def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool, holdout: list[str],
         pair_test: str | None = None, seed_means: bool = False, admission_k3: str | None = None,
-        horizon_test: bool = False) -> dict:
+        horizon_test: bool = False, quality: str = "accuracy") -> dict:
+  budget_lib.check_quality(quality, relative)
   if not 0 < tolerance < 1:
-    raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, or with --relative a fraction "
-                     "of the baseline accuracy (e.g. 0.02)")
+    raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, with --relative a fraction "
+                     "of the baseline accuracy (e.g. 0.02), with --quality=reverse_kl a fraction of the baseline's "
+                     "reverse KL (e.g. 0.05)")
+  if horizon_test and quality != "accuracy":
+    raise InputError("--horizon_test judges accuracy losses; run it without --quality (or with --quality=accuracy)")
   pair_test_summary = pair_test_entry(pair_test) if pair_test else None  # a bad file fails before any work
   measurements = read_admission_k3(admission_k3) if admission_k3 else None
   rows = load_rows(results_paths)
@@ -185,7 +198,7 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
   horizon_summary = horizon_test_entry(rows, tolerance, seed_means) if horizon_test else None
   try:
     result = build_budget(rows, tolerance=tolerance, relative=relative, seed_means=seed_means,
-                          admission_k3=measurements)
+                          admission_k3=measurements, quality=quality)
   except InputError as e:
     if "no pair has" not in str(e):
       raise
@@ -201,7 +214,8 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
     result["horizon_test"] = horizon_summary
   budgets, other_scales, transfer = result["budgets"], result["other_scales"], result["transfer"]
   write_json(out, result)
-  print(f"budget on {PRIMARY} (tolerance {tolerance:g}{' of baseline' if relative else ' accuracy points'}):")
+  unit = "of baseline" if relative else budget_lib.QUALITIES[quality][2]
+  print(f"budget on {PRIMARY} (quality {quality}, tolerance {tolerance:g} {unit}):")
   for key, b in budgets.items():
     lo, hi = b["interval"]
     name = f"{key} ({b['steps']} steps)" if b.get("steps") is not None else key

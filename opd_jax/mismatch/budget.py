@@ -1,8 +1,11 @@
 """Mismatch budget: how much sampler-learner mismatch OPD tolerates, calibrated from sweep runs.
 
 Each sweep point gives (mismatch m, quality loss q): m is a run-averaged metric on one scale (k3 by default;
-k1 uses |k1| and mult_prob_error uses mult_prob_error - 1 so that 0 means no mismatch), q is the drop in
-final held-out accuracy against the pair's baseline run (accuracy points, 0..1; negative = better).
+k1 uses |k1| and mult_prob_error uses mult_prob_error - 1 so that 0 means no mismatch), q is the quality loss
+against the pair's baseline run of the same seed (`QUALITIES`): by default the drop in final held-out accuracy
+(accuracy points, 0..1; negative = better); with quality="reverse_kl" the rise of the final held-out reverse KL to
+the teacher, as a fraction of the baseline's (a real pair's measure: continuous, so less noisy than a few dozen
+graded answers).
 
 Fit: a hinge in log-mismatch, q(m) = b * max(0, log10(m / m0)): no loss below a knee m0, then a loss that
 grows b per decade. m0 is chosen on a grid over the observed mismatches and b >= 0 by least squares.
@@ -152,9 +155,31 @@ def _budget(m: np.ndarray, q: np.ndarray, tolerance: float) -> tuple[HingeFit, f
   return fit, min(fit.budget(tolerance, float(m.max())), observed_crossing(m, q, tolerance))
 
 
-def quality_losses(rows: list[dict], tolerance: float, relative: bool) -> tuple[np.ndarray, float]:
-  """(quality loss per row, absolute tolerance in accuracy points)."""
-  q = np.array([-r["delta_final_accuracy"] for r in rows])
+# quality -> (the sweep-row field its loss needs, how to read the loss of a row, the unit of its tolerance).
+QUALITIES = {
+    "accuracy": ("delta_final_accuracy", lambda r: -r["delta_final_accuracy"], "accuracy points"),
+    "reverse_kl": ("delta_final_reverse_kl",
+                   lambda r: r["delta_final_reverse_kl"] / (r["final_reverse_kl"] - r["delta_final_reverse_kl"]),
+                   "of the baseline's reverse KL"),
+}
+
+
+def check_quality(quality: str, relative: bool = False) -> None:
+  if quality not in QUALITIES:
+    raise InputError(f"quality {quality!r} is not one of {sorted(QUALITIES)}")
+  if relative and quality != "accuracy":
+    raise InputError(f"quality={quality!r} is already relative to the baseline; drop --relative")
+
+
+def has_quality(row: dict, quality: str = "accuracy") -> bool:
+  """A finished sweep row whose quality loss against its baseline is known."""
+  return row.get("status") == "ok" and row.get(QUALITIES[quality][0]) is not None
+
+
+def quality_losses(rows: list[dict], tolerance: float, relative: bool,
+                   quality: str = "accuracy") -> tuple[np.ndarray, float]:
+  """(quality loss per row, absolute tolerance in the quality's unit)."""
+  q = np.array([QUALITIES[quality][1](r) for r in rows], dtype=np.float64)
   if relative:
     baseline = np.mean([r["final_accuracy"] - r["delta_final_accuracy"] for r in rows])
     return q, tolerance * baseline
@@ -162,19 +187,20 @@ def quality_losses(rows: list[dict], tolerance: float, relative: bool) -> tuple[
 
 
 def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, relative: bool = False,
-              bootstrap: int = 1000, seed: int = 0) -> dict:
+              bootstrap: int = 1000, seed: int = 0, quality: str = "accuracy") -> dict:
   """Budget on one scale from sweep rows (status ok, with deltas). Returns a JSON-ready dict."""
-  rows = [r for r in rows if r.get("status") == "ok" and "delta_final_accuracy" in r]
+  check_quality(quality, relative)
+  rows = [r for r in rows if has_quality(r, quality)]
   if len(rows) < 3:
     raise InputError(f"budget calibration needs >= 3 finished sweep points with a baseline, got {len(rows)}")
   if scale not in SCALES:
     raise InputError(f"scale {scale!r} is not one of {sorted(SCALES)}")
   m = np.array([SCALES[scale](r["mismatch"]) for r in rows])
-  q, tol = quality_losses(rows, tolerance, relative)
+  q, tol = quality_losses(rows, tolerance, relative, quality)
   # Points that are seed means (calibrate_report's seed_means) carry their seeds' runs: the bootstrap resamples the
   # points, then each drawn point's seeds (a point of one seed draws nothing more, so single runs bootstrap as before).
   seed_m = [np.array([SCALES[scale](s["mismatch"]) for s in r.get("seed_rows", [r])]) for r in rows]
-  seed_q = [quality_losses(r.get("seed_rows", [r]), tolerance, relative)[0] for r in rows]
+  seed_q = [quality_losses(r.get("seed_rows", [r]), tolerance, relative, quality)[0] for r in rows]
   fit, budget = _budget(m, q, tol)
   bounded = budget < float(m.max())
   set_by = how_set(rows, m, q, tol, fit, budget)
@@ -189,7 +215,8 @@ def calibrate(rows: list[dict], *, scale: str = "k3", tolerance: float = 0.02, r
         m_b[j], q_b[j] = seed_m[i][pick].mean(), seed_q[i][pick].mean()
     samples.append(_budget(m_b, q_b, tol)[1])
   samples = np.array(samples)
-  return {"scale": scale, "tolerance": tolerance, "tolerance_relative": relative, "tolerance_abs": tol,
+  return {"scale": scale, "quality": quality, "tolerance": tolerance, "tolerance_relative": relative,
+          "tolerance_abs": tol,
           "budget": budget, "interval": [float(np.percentile(samples, 5)), float(np.percentile(samples, 95))],
           "bootstrap_budgets": np.sort(samples).tolist(),
           "set_by": set_by,
