@@ -62,6 +62,10 @@ CASES = [
     ("train_second_teacher", "launch/train.py", "--config=configs/multi_teacher.py:runlocal", "--workdir={d}/run",
      "--config.teachers.pair3.checkpoint={d}/none", "does not exist"),
     # stopping.py
+    ("loops_student", "study/loops.py", "--config=configs/smollm2.py", "--student={d}/none",
+     "--samples={d}/ok.jsonl", "is not an HF directory"),
+    ("loops_no_student_rows", "study/loops.py", "--config=configs/smollm2.py", "--student={student}",
+     "--config.teacher={teacher}", "--samples={d}/ok.jsonl", "holds no student responses"),
     ("stopping_prompts", "study/stopping.py", "--config=configs/smollm2.py", "--prompts=0", "--prompts=0 must be >= 1"),
     ("stopping_not_jsonl", "study/stopping.py", "--config=configs/pair1.py", "data.source='arithmetic'"),
     ("stopping_unprepared", "study/stopping.py", "--config=configs/smollm2.py", "--config.prepare.dir={d}/none",

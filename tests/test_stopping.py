@@ -129,3 +129,28 @@ def test_a_student_relearns_to_stop_only_with_teacher_endings_in_its_rows_and_a_
   assert at_cap["", "jsd"][-1] >= 0.95  # no teacher endings in the rows (measured: 1.0)
   assert at_cap["short=1,long=1", "reverse_kl"][-1] >= 0.95  # endings, but no pull where EOS is ~0 (1.0)
   assert at_cap["short=1,long=1", "jsd"][-1] <= 0.8  # both: it ends (0.59)
+
+
+def test_loop_report_reads_each_models_probability_of_the_greedy_token_inside_and_outside_loops():
+  """study/analysis/loops.py: the later occurrence of a repeated 8-gram is 'in a loop'; a response without one is
+  skipped; each model's probability of the chosen token is read at the row that predicts it."""
+  import numpy as np
+  from study.analysis.loops import loop_positions, loop_report
+  assert loop_positions(list(range(8)) + list(range(8))) == list(range(8, 16))
+  assert loop_positions(list(range(20))) == [] and loop_positions([1] * 9) == [1, 2, 3, 4, 5, 6, 7, 8]
+  vocab = 16
+  prompt, looping, plain = [9, 9], [1, 2, 3, 4, 5, 6, 7, 8] * 2, list(range(10))
+
+  def score(ids):  # the "teacher" puts 0.9 on every chosen token, the "student" 0.5
+    out = {}
+    for name, p in (("student", 0.5), ("teacher", 0.9)):
+      probs = np.full((len(ids), vocab), (1 - p) / (vocab - 1))
+      probs[np.arange(len(ids) - 1), ids[1:]] = p
+      out[name] = np.log(probs)
+    return out
+
+  report = loop_report([(prompt, looping), (prompt, plain)], score)
+  assert report["responses"] == 2 and report["looping"] == 1
+  assert report["in_loop"]["teacher"]["tokens"] == 8 and report["elsewhere"]["teacher"]["tokens"] == 7
+  assert abs(report["in_loop"]["teacher"]["mean"] - 0.9) < 1e-9
+  assert abs(report["in_loop"]["student"]["median"] - 0.5) < 1e-9
