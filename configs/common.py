@@ -46,6 +46,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.teacher = os.path.join(ASSETS, pair, "teacher")  # HF checkpoint dir of the fixed teacher
   c.student = os.path.join(ASSETS, pair, "student")  # HF checkpoint dir the student starts from
   c.tokenizer = ""  # dir with tokenizer files; "" = the student dir
+  # The budget file launch/admit.py judges this pair's rollout configurations against when no --budget is given:
+  # the embedded pairs' calibration (per-pair and pooled budgets, with their step-0 / run-mean k3 factors).
+  c.admission_budget = os.path.join(REPO, "results", "budget.json")
   # "" = the teacher scores rollouts in this process. An http(s) URL ending in /v1 = a served teacher scores them
   # over a vLLM-compatible logprob API (python launch/serve_teacher.py, vLLM, SGLang; opd_jax/serving): only the
   # sampled tokens' log-probs and the objective's top-k cross the wire. config.teacher stays the same model's

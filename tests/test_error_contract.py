@@ -121,6 +121,10 @@ CASES = [
     # admit.py (the budget is checked before anything is measured)
     ("admit_budget_list", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/list.json",
      "holds a JSON list"),
+    ("admit_no_budget", "launch/admit.py", "--config=configs/pair1.py", "--config.admission_budget=",
+     "pass --budget=PATH"),
+    ("admit_config_budget_missing", "launch/admit.py", "--config=configs/pair1.py",
+     "--config.admission_budget={d}/none.json", "does not exist"),
     ("admit_budget_keys", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/nokeys.json", "'budgets'"),
     ("admit_budget_truncated", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/truncated.json",
      "not valid JSON"),
