@@ -34,10 +34,12 @@ of both, side by side: launch/bench/compile.py.
 (checkpoint_policies.dots_with_no_batch_dims_saveable: the weight projections; the attention score and
 value matmuls, which batch over B and heads, are recomputed).
 
-KV cache: any pytree object with `.slots` (S, the slots attention reads), `.valid_BxC` (which of its slots hold
-real tokens), `.valid_BxS` (the first S of them), `write(layer, k, v, index)` -> new cache, `read(layer, dtype)`
--> (k_BxKxHxS, v_BxKxSxH) (`layer` an int or a traced index) and `replace(valid_BxC=...)`.
-`opd_jax.rollout.kv_cache` provides bf16 / int8 / fp8 caches; the model only calls these methods.
+KV cache: any pytree object with `begin(valid_BxT, index)` -> (cache, mask_BxTxS: which key slots each new token
+attends to), `write(layer, k, v, index)` -> new cache, `read(layer, dtype)` -> (k_BxKxHxS, v_BxKxSxH) (`layer`
+an int or a traced index) and `end()` -> the cache after every layer has written. `opd_jax.rollout.kv_cache`
+provides the contiguous caches (bf16 / int8 / fp8 / int4; `index` is the first slot the T new tokens take in every
+row) and `opd_jax.rollout.paged_cache` the paged one (each row continues at its own length; `index` unused); the
+model only calls these methods.
 """
 
 from __future__ import annotations
@@ -278,10 +280,7 @@ class Decoder(nnx.Module):
       slots_T = jnp.arange(T)
       mask_BxTxS = (slots_T[None, :, None] >= slots_T[None, None, :]) & valid_BxT[:, None, :]
     else:
-      cache = cache.replace(valid_BxC=jax.lax.dynamic_update_slice(cache.valid_BxC, valid_BxT, (0, cache_index)))
-      query_slots_T = cache_index + jnp.arange(T)
-      key_slots_S = jnp.arange(cache.slots)
-      mask_BxTxS = (query_slots_T[None, :, None] >= key_slots_S[None, None, :]) & cache.valid_BxS[:, None, :]
+      cache, mask_BxTxS = cache.begin(valid_BxT, cache_index)
     freqs_BxTxH2 = positions_BxT[..., None].astype(jnp.float32) * jnp.asarray(
         rope_inv_freq(self.config), jnp.float32)[None, None, :]
     emb_BxTxH = jnp.concatenate([freqs_BxTxH2, freqs_BxTxH2], axis=-1)
@@ -294,6 +293,7 @@ class Decoder(nnx.Module):
       if layer_keep_L is not None:
         raise InputError("layer_keep_L applies without a cache only")
       x_BxTxD, cache = self._run_layers_cached(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, cache_index)
+      cache = cache.end()
     if span is not None:
       x_BxTxD = x_BxTxD[:, span[0]:span[1]]
     x_BxTxD = self.norm(x_BxTxD)

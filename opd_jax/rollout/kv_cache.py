@@ -131,6 +131,18 @@ class KVCache:
   def valid_BxS(self) -> jax.Array:
     return self.valid_BxC[:, :self.slots]
 
+  def begin(self, valid_BxT: jax.Array, index) -> tuple["KVCache", jax.Array]:
+    """Before a forward of T tokens at slots index .. index + T - 1 of every row: the cache with them marked
+    (valid_BxT: which are real), and mask_BxTxS, the visible slots each may attend to (causal, real ones)."""
+    cache = self.replace(valid_BxC=jax.lax.dynamic_update_slice(self.valid_BxC, valid_BxT, (0, index)))
+    query_slots_T = index + jnp.arange(valid_BxT.shape[1])
+    key_slots_S = jnp.arange(self.slots)
+    return cache, (query_slots_T[None, :, None] >= key_slots_S[None, None, :]) & cache.valid_BxS[:, None, :]
+
+  def end(self) -> "KVCache":
+    """After the forward (every layer written): nothing to do for a contiguous cache."""
+    return self
+
   def write(self, layer, k_BxTxKxH, v_BxTxKxH, index) -> "KVCache":
     """Layer `layer` (int or traced) with T new keys / values at slots index .. index + T - 1 (< slots)."""
     k, k_scale = _quantize(k_BxTxKxH, self.kv_dtype)

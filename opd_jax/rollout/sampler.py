@@ -127,6 +127,16 @@ def choose_tokens(logits_BxV: jax.Array, key: jax.Array, config: SamplingConfig)
   return token_B.astype(jnp.int32), logp_B
 
 
+def choose_tokens_per_row(logits_BxV: jax.Array, keys_B: jax.Array, index, config: SamplingConfig):
+  """(token_B, logp_B) with row b's token drawn under fold_in(keys_B[b], index): each row's draw depends on its own
+  key and token index only, never on which other rows share the batch (rollout.engine draws the same way)."""
+  def one(logits_V, key, index):
+    token_1, logp_1 = choose_tokens(logits_V[None], jax.random.fold_in(key, index), config)
+    return token_1[0], logp_1[0]
+  index_B = jnp.broadcast_to(jnp.asarray(index, jnp.int32), logits_BxV.shape[:1])  # one index, or one per row
+  return jax.vmap(one)(logits_BxV, keys_B, index_B)
+
+
 def _prefill(model, config: SamplingConfig, prompt_BxP, prompt_valid_BxP, pin):
   """(last-position logits_Bx1xV, cache over the P prompt slots), prefilling each group's prompt once. The cache
   is allocated with room for every decoded token (P + N - 1 slots), once: decoding only widens what it reads."""
@@ -162,9 +172,14 @@ def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt
   eos_E = jnp.asarray(config.eos_ids or (-1,), jnp.int32)
   K = min(config.logits_top_k, logits_Bx1xV.shape[-1])
 
+  row_keys = key.ndim == 1  # one key per row: token t of row b is drawn under fold_in(key[b], t)
+
   def emit(t, logits_BxV, key, buffers, done_B):
     tokens, logps, mask, top_vals, top_ids = buffers
-    token_B, logp_B = choose_tokens(logits_BxV, key, config)
+    if row_keys:
+      token_B, logp_B = choose_tokens_per_row(logits_BxV, key, t, config)
+    else:
+      token_B, logp_B = choose_tokens(logits_BxV, key, config)
     token_B = jnp.where(done_B, config.pad_id, token_B)
     tokens = tokens.at[:, t].set(token_B)
     logps = logps.at[:, t].set(jnp.where(done_B, 0.0, logp_B))
@@ -178,7 +193,7 @@ def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt
   buffers = (jnp.full((B, N), config.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
              jnp.zeros((B, N), jnp.float32),
              jnp.zeros((B, N, K), jnp.float32) if K else None, jnp.zeros((B, N, K), jnp.int32) if K else None)
-  key, first_key = jax.random.split(key)
+  key, first_key = (key, key) if row_keys else jax.random.split(key)
   buffers, done_B = emit(0, logits_Bx1xV[:, 0], first_key, buffers, jnp.zeros((B,), bool))
 
   def cond(stop, carry):
@@ -193,7 +208,7 @@ def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt
     logits_Bx1xV, cache = model(fed_B[:, None], positions_Bx1, fed_valid_B[:, None], cache=cache,
                                 cache_index=P + t - 1)
     cache = pin(cache)
-    key, step_key = jax.random.split(key)
+    key, step_key = (key, key) if row_keys else jax.random.split(key)
     buffers, done_B = emit(t, logits_Bx1xV[:, 0], step_key, buffers, done_B)
     return t + 1, cache, key, buffers, done_B
 
@@ -212,7 +227,8 @@ def _generate(graphdef, config: SamplingConfig, mesh: Mesh | None, state, prompt
 class Sampler:
   """Jit-compiled generation for one model architecture; call with any parameter state of that graph.
 
-  `Sampler(graphdef, config)(state, prompt_BxP, prompt_valid_BxP, key)` -> SampleOutput. The state may
+  `Sampler(graphdef, config)(state, prompt_BxP, prompt_valid_BxP, key)` -> SampleOutput; `key` one key for the
+  batch, or one per row (shape [B]: each row's tokens then depend on its own key only). The state may
   hold quantized weights (see rollout.precision). With `mesh` and `state_shardings` (the sampler's own mesh and
   its weights' inference layout, see rollout.placement / rollout.weight_sync) every input and output has an
   explicit sharding; without them shardings follow the inputs.

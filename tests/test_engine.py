@@ -1,0 +1,140 @@
+"""Paged rollout engine: the static sampler's tokens (greedy and sampled, every KV dtype, every family), per-request
+determinism, preemption, a fixed set of compiled programs, and its input errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from opd_jax.errors import InputError
+from opd_jax.models import load_pretrained
+from opd_jax.rollout.engine import EngineConfig, PagedEngine, check_engine
+from opd_jax.rollout.paged_cache import PagedKVCache
+from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
+from tests import checkpoints
+
+EOS, PAD, N = 2, 0, 20
+# Eleven requests of 1..19 prompt tokens through 4 rows and a 30-page pool of 4 tokens: rows are admitted as others
+# end, prompts span several prefill chunks, and the pool runs dry (preemption).
+SMALL = EngineConfig(page_size=4, max_rows=4, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=30)
+
+
+def _prompts(count=11, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(3, checkpoints.VOCAB, size=int(n)).tolist() for n in rng.integers(1, 20, size=count)]
+
+
+def _keys(count, seed=7):
+  return jax.vmap(lambda q: jax.random.fold_in(jax.random.key(seed), q))(jnp.arange(count))
+
+
+def _both(path, sampling, engine=SMALL, prompts=None):
+  graphdef, state = nnx.split(load_pretrained(path))
+  prompts = prompts or _prompts()
+  keys = _keys(len(prompts))
+  tokens, valid = left_pad(prompts, PAD)
+  static = Sampler(graphdef, sampling)(state, tokens, valid, keys)
+  paged, stats = PagedEngine(graphdef, sampling, engine).generate(state, prompts, keys)
+  return static, paged, stats
+
+
+def _assert_same(static, paged, logp_tol):
+  """Equal tokens and masks; log-probs within `logp_tol` everywhere and within 1e-5 at the median token."""
+  np.testing.assert_array_equal(np.asarray(paged.tokens_BxN), np.asarray(static.tokens_BxN))
+  np.testing.assert_array_equal(np.asarray(paged.mask_BxN), np.asarray(static.mask_BxN))
+  diff = np.abs(np.asarray(paged.logprobs_BxN) - np.asarray(static.logprobs_BxN))[np.asarray(static.mask_BxN) > 0]
+  assert diff.max() <= logp_tol and np.median(diff) <= 1e-5, (diff.max(), np.median(diff))
+
+
+CASES = [("llama", 0.0, "native"), ("qwen3", 1.0, "int4")]
+SLOW_CASES = [(f, t, kv) for f in checkpoints.FAMILIES for t in (0.0, 1.0)
+              for kv in ("native", "bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4") if (f, t, kv) not in CASES]
+
+
+@pytest.mark.parametrize("family,temperature,kv", CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_CASES])
+def test_paged_engine_draws_the_static_samplers_tokens(tiny_checkpoints, family, temperature, kv):
+  """Same per-request keys, same tokens and mask. Log-probs agree to float summation order (attention reads 32
+  paged slots here, the static cache its own width, and prompts are prefilled in chunks of 8): 2e-5 with native
+  keys / values. A stored KV dtype rounds each key and value, and a last-ulp difference can move one across a
+  rounding boundary: one bf16 step (2^-8 relative) moved a log-prob by up to 1.2e-4 here, one int8 / fp8 / int4
+  step by up to 5.3e-3; the largest difference is held to a few of those steps, the median to 1e-5."""
+  sampling = SamplingConfig(max_new_tokens=N, temperature=temperature, eos_ids=(EOS,), pad_id=PAD, kv_dtype=kv)
+  static, paged, stats = _both(tiny_checkpoints[family], sampling)
+  _assert_same(static, paged, {"native": 2e-5, "bf16": 5e-4}.get(kv, 2e-2))
+  assert stats["useful_tokens"] == int(np.asarray(static.mask_BxN).sum())
+
+
+def test_greedy_paged_tokens_equal_transformers_generate(tiny_checkpoints):
+  sampling = SamplingConfig(max_new_tokens=N, temperature=0.0, eos_ids=(EOS,), pad_id=PAD)
+  prompts = _prompts(5, seed=1)
+  graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["qwen3"]))
+  out, _ = PagedEngine(graphdef, sampling, SMALL).generate(state, prompts)
+  torch_model = checkpoints.load_torch(tiny_checkpoints["qwen3"])
+  for q, prompt in enumerate(prompts):
+    with torch.no_grad():
+      ref = torch_model.generate(torch.tensor([prompt]), max_new_tokens=N, do_sample=False, eos_token_id=EOS,
+                                 pad_token_id=PAD)[0, len(prompt):].tolist()
+    n = int(out.mask_BxN[q].sum())
+    assert np.asarray(out.tokens_BxN[q, :n]).tolist() == ref
+
+
+def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_recompile(tiny_checkpoints):
+  """Request 0 alone, among 11 through 4 rows, and among 11 through 2 rows with a pool so small that rows are
+  preempted and rerun: the same tokens. After the first call, new mixes of requests compile nothing."""
+  sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, eos_ids=(EOS,), pad_id=PAD)
+  graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["llama"]))
+  prompts, keys = _prompts(), _keys(11)
+  engine = PagedEngine(graphdef, sampling, SMALL)
+  crowded, stats = engine.generate(state, prompts, keys)
+  warm = sum(engine.traces.values())
+  alone, _ = engine.generate(state, prompts[:1], keys[:1])
+  shuffled, _ = engine.generate(state, prompts[::-1], keys[::-1])
+  assert sum(engine.traces.values()) == warm <= 4  # decode once, prefill once per row bucket seen (1, 2, 4)
+  assert stats["preempted"] > 0
+  tight = EngineConfig(page_size=4, max_rows=2, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=12)
+  narrow, narrow_stats = PagedEngine(graphdef, sampling, tight).generate(state, prompts, keys)
+  assert narrow_stats["preempted"] > 0
+  row = lambda out, q: np.asarray(out.tokens_BxN[q]).tolist()
+  assert row(alone, 0) == row(crowded, 0) == row(narrow, 0) == row(shuffled, 10)
+  np.testing.assert_array_equal(np.asarray(narrow.tokens_BxN), np.asarray(crowded.tokens_BxN))
+
+
+def test_paged_cache_writes_each_row_at_its_own_length():
+  """Two rows at lengths 0 and 5 write 3 tokens (the second row's last one padding): the real ones land in their
+  pages at their slots, the padding in the trash page, and each token sees exactly the slots up to its own."""
+  cache = PagedKVCache.init(num_pages=6, page_size=4, num_layers=1, num_kv_heads=1, head_dim=2,
+                            compute_dtype=jnp.float32).with_rows(jnp.array([[1, 2, 0], [3, 4, 5]]), jnp.array([0, 5]))
+  valid = jnp.array([[True, True, True], [True, True, False]])
+  cache, mask = cache.begin(valid)
+  k = jnp.arange(12, dtype=jnp.float32).reshape(2, 3, 1, 2) + 1
+  cache = cache.write(0, k, -k).end()
+  keys, values = cache.read(0, jnp.float32)  # [B, K, H, S], [B, K, S, H]
+  np.testing.assert_array_equal(np.asarray(cache.lengths_B), [3, 7])
+  np.testing.assert_array_equal(np.asarray(keys[0, 0, :, :3]).T, np.asarray(k[0, :, 0]))
+  np.testing.assert_array_equal(np.asarray(keys[1, 0, :, 5:7]).T, np.asarray(k[1, :2, 0]))
+  np.testing.assert_array_equal(np.asarray(values[1, 0, 5:7]), -np.asarray(k[1, :2, 0]))
+  assert float(jnp.abs(cache.k_LxNxKxHxZ[0, 0]).sum()) > 0  # the padded token went to the trash page
+  assert mask.shape == (2, 3, 12)
+  np.testing.assert_array_equal(np.asarray(mask[0, 1, :4]), [True, True, False, False])
+  np.testing.assert_array_equal(np.nonzero(np.asarray(mask[1, 1]))[0], np.arange(7))
+
+
+def test_engine_input_errors():
+  with pytest.raises(InputError, match="page_size=6 does not divide prefill_chunk=64"):
+    EngineConfig(page_size=6)
+  with pytest.raises(InputError, match="does not exist; choose one of static, paged"):
+    check_engine("vllm")
+  with pytest.raises(InputError, match="decode_steps=0 must be >= 1"):
+    EngineConfig(decode_steps=0)
+
+
+def test_engine_refuses_a_pool_too_small_and_a_prompt_too_long(tiny_checkpoints):
+  sampling = SamplingConfig(max_new_tokens=4, temperature=0.0, eos_ids=(EOS,), pad_id=PAD)
+  graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["llama"]))
+  small = EngineConfig(page_size=4, max_rows=2, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=4)
+  with pytest.raises(InputError, match="num_pages=4 is too small for one request"):
+    PagedEngine(graphdef, sampling, small).generate(state, [[5, 6]])
+  with pytest.raises(InputError, match="request 1 has 25 prompt tokens"):
+    PagedEngine(graphdef, sampling, SMALL).generate(state, [[5], [5] * 25])
