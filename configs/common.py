@@ -129,6 +129,13 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.rollout.tensor_parallel = 1  # sampler mesh tensor axis (weights over heads / MLP / vocab, KV over heads)
   c.rollout.snapshots_on = "device"  # staleness snapshots, kept at the recipe's precision: device | host
   c.rollout.samples_per_prompt = 1  # responses per distinct prompt (prefilled once); grpo uses group_size
+  # The decoding engine: static (one padded batch; every row runs to the longest) | paged (paged KV cache and
+  # continuous batching, opd_jax/rollout/engine.py; each row drawn under its own key, so samples differ from static's)
+  c.rollout.engine = "static"
+  c.rollout.page_size = 16  # paged: tokens per KV page
+  c.rollout.engine_rows = 0  # paged: rows decoded at once; 0 = the batch's
+  c.rollout.decode_steps = 8  # paged: decode steps per host round trip
+  c.rollout.kv_pages = 0  # paged: pages in the KV pool; 0 = room for every row at its longest
   # How decoding reads the sampler's weights: auto (dense_layers on CPU, stored on GPU / TPU) | stored (as
   # stored: quantized, stacked; no copy held) | dense_layers (a dense per-layer copy per generate call: XLA:CPU)
   c.rollout.weight_layout = "auto"

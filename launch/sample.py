@@ -2,11 +2,13 @@
 
   python launch/sample.py --checkpoint=DIR (--prompt=TEXT | --prompt_ids=1,2,3) --max_new_tokens=N
       --temperature=T --weights={none,bf16,int8,fp8} --kv_cache={native,bf16,int8,fp8} --noise=SIGMA --seed=S [--json]
+      [--engine=static|paged]
 
 With --json it prints one JSON object {"tokens": [new ids], "logprobs": [...]}: log-probs of the distribution
 each token was drawn from (temperature / top-k / top-p applied; plain softmax for temperature 0). Otherwise it
 prints the decoded text. --prompt_ids with --json needs no tokenizer files. EOS comes from the checkpoint's
-config.json / generation_config.json.
+config.json / generation_config.json. --engine=paged decodes with the paged KV cache (opd_jax/rollout/engine.py):
+greedy output is the static engine's; sampled output differs (the request is drawn under fold_in(key(seed), 0)).
 """
 
 import json
@@ -30,6 +32,8 @@ _NOISE = flags.DEFINE_float("noise", 0.0, "Relative Gaussian weight noise sigma.
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Parameter dtype: float32 | bfloat16.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed (sampling and noise).")
 _JSON = flags.DEFINE_bool("json", False, "Print {'tokens', 'logprobs'} as one JSON object.")
+_ENGINE = flags.DEFINE_enum("engine", "static", ["static", "paged"], "Decoding engine: static batch or paged KV "
+                            "cache with continuous batching.")
 
 
 def sample():
@@ -42,13 +46,14 @@ def sample():
   from opd_jax.models.finite import check_finite
   from opd_jax.models.tokenizer import encode_prompt
   from opd_jax.rollout.config import RolloutConfig, build_sampler_state
+  from opd_jax.rollout.engine import PagedSampler, engine_config
   from opd_jax.rollout.sampler import Sampler, left_pad
 
   if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
     raise InputError("give exactly one of --prompt or --prompt_ids")
   rollout = RolloutConfig(weights=_WEIGHTS.value, kv_cache=_KV.value, noise_sigma=_NOISE.value,
                           noise_seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-                          top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value)
+                          top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value, engine=_ENGINE.value)
   model = load_pretrained(_CHECKPOINT.value, _DTYPE.value)
   check_finite(nnx.state(model), _CHECKPOINT.value)
   tokenizer = None
@@ -75,8 +80,10 @@ def sample():
   pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos[0] if eos else 0)
   tokens, valid = left_pad([ids], pad)
   sampler_state = build_sampler_state(state, rollout, np.int32(0))
-  out = Sampler(graphdef, rollout.sampling(eos_ids=eos, pad_id=pad))(sampler_state, tokens, valid,
-                                                                     jax.random.key(_SEED.value))
+  sampling = rollout.sampling(eos_ids=eos, pad_id=pad)
+  sampler = (PagedSampler(graphdef, sampling, engine_config(rollout, len(ids), 1)) if rollout.engine == "paged"
+             else Sampler(graphdef, sampling))
+  out = sampler(sampler_state, tokens, valid, jax.random.key(_SEED.value))
   n = int(np.asarray(out.mask_BxN)[0].sum())
   new_tokens = np.asarray(out.tokens_BxN)[0, :n].tolist()
   logprobs = np.asarray(out.logprobs_BxN)[0, :n].tolist()

@@ -172,3 +172,14 @@ def test_backend_limits_are_named_and_anything_else_is_left_alone(exc, fragment,
     assert found is None
   else:
     assert fragment in found[0] and found[1] == code and "\n" not in found[0]
+
+
+def test_sample_command_decodes_greedy_with_either_engine_alike():
+  """launch/sample.py --engine=paged: the static engine's greedy tokens (log-probs to float summation order)."""
+  import numpy as np
+  static, paged = _run_together(*[("launch/sample.py", "--checkpoint=opd_jax/assets/pair1/student",
+                                   "--prompt_ids=5,6,7,8", "--temperature=0", "--max_new_tokens=12", "--json",
+                                   f"--engine={engine}") for engine in ("static", "paged")])
+  outs = [json.loads(r.stdout.strip().splitlines()[-1]) for r in (static, paged)]
+  assert outs[0]["tokens"] == outs[1]["tokens"] and len(outs[0]["tokens"]) == 12
+  assert np.abs(np.subtract(outs[0]["logprobs"], outs[1]["logprobs"])).max() <= 2e-5

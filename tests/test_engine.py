@@ -49,8 +49,10 @@ def _assert_same(static, paged, logp_tol):
 
 
 CASES = [("llama", 0.0, "native"), ("qwen3", 1.0, "int4")]
-SLOW_CASES = [(f, t, kv) for f in checkpoints.FAMILIES for t in (0.0, 1.0)
-              for kv in ("native", "bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4") if (f, t, kv) not in CASES]
+# Every family with every KV dtype, greedy and sampled alternating (each family sees both with each dtype group).
+SLOW_CASES = [(f, float((i + j) % 2), kv) for i, f in enumerate(checkpoints.FAMILIES)
+              for j, kv in enumerate(("native", "bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4"))
+              if (f, float((i + j) % 2), kv) not in CASES]
 
 
 @pytest.mark.parametrize("family,temperature,kv", CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_CASES])
@@ -60,9 +62,13 @@ def test_paged_engine_draws_the_static_samplers_tokens(tiny_checkpoints, family,
   keys / values. A stored KV dtype rounds each key and value, and a last-ulp difference can move one across a
   rounding boundary: one bf16 step (2^-8 relative) moved a log-prob by up to 1.2e-4 here, one int8 / fp8 / int4
   step by up to 5.3e-3; the largest difference is held to a few of those steps, the median to 1e-5."""
-  sampling = SamplingConfig(max_new_tokens=N, temperature=temperature, eos_ids=(EOS,), pad_id=PAD, kv_dtype=kv)
+  sampling = SamplingConfig(max_new_tokens=N, temperature=temperature, eos_ids=(EOS,), pad_id=PAD, kv_dtype=kv,
+                            logits_top_k=5)
   static, paged, stats = _both(tiny_checkpoints[family], sampling)
   _assert_same(static, paged, {"native": 2e-5, "bf16": 5e-4}.get(kv, 2e-2))
+  real = np.asarray(static.mask_BxN) > 0  # the top-k log-probs of every drawn token (after EOS: static's only)
+  np.testing.assert_array_equal(np.asarray(paged.top_ids_BxNxK)[real], np.asarray(static.top_ids_BxNxK)[real])
+  assert np.abs(np.asarray(paged.top_logprobs_BxNxK) - np.asarray(static.top_logprobs_BxNxK))[real].max() <= 2e-2
   assert stats["useful_tokens"] == int(np.asarray(static.mask_BxN).sum())
 
 
@@ -138,3 +144,4 @@ def test_engine_refuses_a_pool_too_small_and_a_prompt_too_long(tiny_checkpoints)
     PagedEngine(graphdef, sampling, small).generate(state, [[5, 6]])
   with pytest.raises(InputError, match="request 1 has 25 prompt tokens"):
     PagedEngine(graphdef, sampling, SMALL).generate(state, [[5], [5] * 25])
+

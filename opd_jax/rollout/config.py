@@ -10,6 +10,7 @@ from flax import nnx
 
 from opd_jax.errors import InputError
 from opd_jax.rollout import kv_cache, noise, placement, precision, snapshots
+from opd_jax.rollout.engine import ENGINES
 from opd_jax.rollout.sampler import WEIGHT_LAYOUTS, SamplingConfig
 
 NOISE_ORDERS = ("before_quant", "after_quant")
@@ -37,6 +38,15 @@ class RolloutConfig:
   snapshots_on: str = "device"  # staleness snapshots (at the recipe's precision) on: device | host
   samples_per_prompt: int = 1  # responses per distinct prompt; the prompt is prefilled once per group
   split_mismatch: bool = True  # keep a dense learner copy per lagged version to split precision vs staleness
+  # The engine that decodes (rollout.engine): static (one padded batch, every row to the longest) or paged (a paged
+  # KV cache and continuous batching; each row drawn under its own key). Paged only: tokens per KV page, rows
+  # decoded at once (0 = the batch's), decode steps per host round trip, pages in the pool (0 = room for every row
+  # at its longest).
+  engine: str = "static"
+  page_size: int = 16
+  engine_rows: int = 0
+  decode_steps: int = 8
+  kv_pages: int = 0
   # How decoding reads the sampler's weights: stored (as stored), dense_layers (a dense per-layer copy made once
   # per generate call), auto (dense_layers on CPU, stored elsewhere). Speed and transient memory only
   # (SamplingConfig.weight_layout).
@@ -46,6 +56,14 @@ class RolloutConfig:
     object.__setattr__(self, "weight_rules", precision.recipe_rules(self.weights, self.weight_rules,
                                                                     embedding=self.quantize_embedding))
     object.__setattr__(self, "kv_cache", kv_cache.check_kv_dtype(self.kv_cache))
+    if self.engine not in ENGINES:
+      raise InputError(f"rollout.engine={self.engine!r} does not exist; choose one of {', '.join(ENGINES)}")
+    for name in ("page_size", "decode_steps"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise InputError(f"rollout.{name} must be an integer >= 1, got {getattr(self, name)!r}")
+    for name in ("engine_rows", "kv_pages"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+        raise InputError(f"rollout.{name} must be an integer >= 0 (0 = automatic), got {getattr(self, name)!r}")
     if not isinstance(self.staleness_steps, int) or self.staleness_steps < 0:
       raise InputError(f"rollout.staleness_steps must be an integer >= 0, got {self.staleness_steps!r}")
     if not self.noise_sigma >= 0:

@@ -85,8 +85,6 @@ class PagedEngine:
   """Continuous batching over a paged KV cache for one model graph; call `generate` with any parameter state."""
 
   def __init__(self, graphdef, sampling: SamplingConfig, engine: EngineConfig = EngineConfig()):
-    if sampling.logits_top_k:
-      raise InputError("the paged engine does not return top-k logits yet (logits_top_k); use engine=static")
     if sampling.samples_per_prompt != 1:
       raise InputError("the paged engine does not share prompt pages across a group yet (samples_per_prompt > 1); "
                        "pass each row's prompt, or use engine=static")
@@ -115,7 +113,16 @@ class PagedEngine:
     hidden_Bx1xD = jnp.take_along_axis(hidden_BxCxD, last_index_B[:, None, None], axis=1)
     logits_BxV = model.logits(hidden_Bx1xD)[:, 0]
     token_B, logp_B = choose_tokens_per_row(logits_BxV, keys_B, 0, self.sampling)
-    return cache.pools(), jnp.where(last_B, token_B, self.sampling.pad_id), jnp.where(last_B, logp_B, 0.0)
+    return (cache.pools(), jnp.where(last_B, token_B, self.sampling.pad_id), jnp.where(last_B, logp_B, 0.0),
+            self._top(logits_BxV))
+
+  def _top(self, logits_BxV):
+    """The K most likely tokens' log-probs (temperature 1, unfiltered) and ids, as the static sampler returns
+    them; K = 0: none."""
+    K = min(self.sampling.logits_top_k, logits_BxV.shape[-1])
+    if not K:
+      return None
+    return jax.lax.top_k(jax.nn.log_softmax(logits_BxV, axis=-1), K)
 
   def _decode_fn(self, state, pools, last_R, page_table_RxM, lengths_R, generated_R, cap_R, live_R, keys_R):
     """D decode steps over every row: feed the last token, draw the next under fold_in(key, its index); a row
@@ -126,22 +133,29 @@ class PagedEngine:
     D, R = self.engine.decode_steps, last_R.shape[0]
     cache = PagedKVCache(*pools, page_table_RxM, lengths_R, jnp.zeros((R, 1), bool), self.kv_dtype)
 
+    K = min(self.sampling.logits_top_k, self._model(state).config.vocab_size)
+
     def step(d, carry):
-      cache, last_R, generated_R, live_R, tokens_RxD, logps_RxD, mask_RxD = carry
+      cache, last_R, generated_R, live_R, out = carry
       logits_Rx1xV, cache = model(last_R[:, None], cache.lengths_B[:, None], live_R[:, None], cache=cache)
       token_R, logp_R = choose_tokens_per_row(logits_Rx1xV[:, 0], keys_R, generated_R, self.sampling)
       token_R = jnp.where(live_R, token_R, self.sampling.pad_id)
-      tokens_RxD = tokens_RxD.at[:, d].set(token_R)
-      logps_RxD = logps_RxD.at[:, d].set(jnp.where(live_R, logp_R, 0.0))
-      mask_RxD = mask_RxD.at[:, d].set(live_R)
+      out = {**out, "tokens": out["tokens"].at[:, d].set(token_R),
+             "logps": out["logps"].at[:, d].set(jnp.where(live_R, logp_R, 0.0)),
+             "mask": out["mask"].at[:, d].set(live_R)}
+      if K:
+        vals_RxK, ids_RxK = self._top(logits_Rx1xV[:, 0])
+        out.update(top_vals=out["top_vals"].at[:, d].set(vals_RxK), top_ids=out["top_ids"].at[:, d].set(ids_RxK))
       generated_R = generated_R + live_R
       ended_R = jnp.isin(token_R, eos_E) | (generated_R >= cap_R)
-      return cache, jnp.where(live_R, token_R, last_R), generated_R, live_R & ~ended_R, tokens_RxD, logps_RxD, mask_RxD
+      return cache, jnp.where(live_R, token_R, last_R), generated_R, live_R & ~ended_R, out
 
-    carry = (cache, last_R, generated_R, live_R, jnp.full((R, D), self.sampling.pad_id, jnp.int32),
-             jnp.zeros((R, D), jnp.float32), jnp.zeros((R, D), bool))
-    cache, last_R, generated_R, live_R, tokens_RxD, logps_RxD, mask_RxD = jax.lax.fori_loop(0, D, step, carry)
-    return cache.pools(), tokens_RxD, logps_RxD, mask_RxD, cache.lengths_B, live_R
+    out = {"tokens": jnp.full((R, D), self.sampling.pad_id, jnp.int32), "logps": jnp.zeros((R, D), jnp.float32),
+           "mask": jnp.zeros((R, D), bool)}
+    if K:
+      out.update(top_vals=jnp.zeros((R, D, K), jnp.float32), top_ids=jnp.zeros((R, D, K), jnp.int32))
+    cache, last_R, generated_R, live_R, out = jax.lax.fori_loop(0, D, step, (cache, last_R, generated_R, live_R, out))
+    return cache.pools(), out, cache.lengths_B, live_R
 
   # ---- host side ----
 
@@ -176,8 +190,10 @@ class PagedEngine:
     free = list(range(cache.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low page ids first
     queue = collections.deque(range(Q))
     rows: list[_Row | None] = [None] * engine.max_rows
+    K = min(sampling.logits_top_k, self._model(state).config.vocab_size)
     tokens, logps, mask = (np.full((Q, N), sampling.pad_id, np.int32), np.zeros((Q, N), np.float32),
                            np.zeros((Q, N), np.float32))
+    top = (np.zeros((Q, N, K), np.float32), np.zeros((Q, N, K), np.int32)) if K else None
     stats = collections.Counter()
     peak_pages, rounds = 0, 0
 
@@ -203,7 +219,8 @@ class PagedEngine:
         rows[r] = _Row(q, [free.pop() for _ in range(need)], 0, 0, sampling.pad_id, rounds)
         admitted.append(r)
       if admitted:
-        pools, ended = self._prefill_rows(state, pools, rows, admitted, prompts, keys, tokens, logps, mask, stats)
+        pools, ended = self._prefill_rows(state, pools, rows, admitted, prompts, keys, (tokens, logps, mask, top),
+                                          stats)
         for r in ended:
           release(r)
       # 2. pages for the next round; preempt the newest rows while the pool is short
@@ -219,6 +236,8 @@ class PagedEngine:
         newest = max((r for r, row in enumerate(rows) if row is not None), key=lambda r: rows[r].admitted_round)
         q = rows[newest].request
         tokens[q], logps[q], mask[q] = sampling.pad_id, 0.0, 0.0
+        if top is not None:
+          top[0][q], top[1][q] = 0.0, 0
         stats["discarded_tokens"] += rows[newest].generated
         queue.appendleft(q)
         release(newest)
@@ -237,10 +256,11 @@ class PagedEngine:
         table[r, :len(row.pages)] = row.pages
         lengths[r], generated[r], caps[r], last[r], alive[r] = row.length, row.generated, N, row.last_token, True
         row_keys[r] = keys[row.request]
-      pools, out_tokens, out_logps, out_mask, new_lengths, still = self._decode(
+      pools, out, new_lengths, still = self._decode(
           state, pools, jnp.asarray(last), jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(generated),
           jnp.asarray(caps), jnp.asarray(alive), jnp.stack(row_keys))
-      out_tokens, out_logps, out_mask = np.asarray(out_tokens), np.asarray(out_logps), np.asarray(out_mask)
+      out = {k: np.asarray(v) for k, v in out.items()}
+      out_tokens, out_logps, out_mask = out["tokens"], out["logps"], out["mask"]
       new_lengths, still = np.asarray(new_lengths), np.asarray(still)
       stats["decode_calls"] += 1
       stats["decode_row_steps"] += engine.max_rows * engine.decode_steps
@@ -250,6 +270,9 @@ class PagedEngine:
         tokens[row.request, row.generated:row.generated + n] = out_tokens[r, :n]
         logps[row.request, row.generated:row.generated + n] = out_logps[r, :n]
         mask[row.request, row.generated:row.generated + n] = 1.0
+        if top is not None:
+          top[0][row.request, row.generated:row.generated + n] = out["top_vals"][r, :n]
+          top[1][row.request, row.generated:row.generated + n] = out["top_ids"][r, :n]
         row.generated += n
         row.length = int(new_lengths[r])
         row.last_token = int(out_tokens[r, n - 1]) if n else row.last_token
@@ -258,12 +281,14 @@ class PagedEngine:
     stats.update(useful_tokens=int(mask.sum()), rounds=rounds, peak_pages=peak_pages, pool_pages=cache.num_pages, page_size=Z,
                  peak_kv_bytes=peak_pages * pool_bytes(cache) // cache.num_pages, pool_bytes=pool_bytes(cache),
                  compiles=sum(self.traces.values()))
-    return SampleOutput(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(logps)), dict(stats)
+    return SampleOutput(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(logps),
+                        *((jnp.asarray(top[0]), jnp.asarray(top[1])) if top is not None else ())), dict(stats)
 
-  def _prefill_rows(self, state, pools, rows, admitted, prompts, keys, tokens, logps, mask, stats):
+  def _prefill_rows(self, state, pools, rows, admitted, prompts, keys, outputs, stats):
     """Prefill the admitted rows' prompts, C tokens per call; their first tokens go into the outputs. Returns
     (pools, rows that ended on their first token)."""
     engine, C, M = self.engine, self.engine.prefill_chunk, self.pages_per_row
+    tokens, logps, mask, top = outputs
     B, ended = _bucket(len(admitted), engine.max_rows), []
     for start in range(0, len(admitted), B):
       group = admitted[start:start + B]
@@ -281,15 +306,19 @@ class PagedEngine:
           chunk[i, :len(piece)], valid[i, :len(piece)] = piece, True
           lengths[i] = min(offset, len(prompt))
           last[i] = offset < len(prompt) <= offset + C
-        pools, first, first_logp = self._prefill(state, pools, jnp.asarray(chunk), jnp.asarray(valid),
-                                                 jnp.asarray(table), jnp.asarray(lengths), row_keys, jnp.asarray(last))
+        pools, first, first_logp, first_top = self._prefill(state, pools, jnp.asarray(chunk), jnp.asarray(valid),
+                                                            jnp.asarray(table), jnp.asarray(lengths), row_keys,
+                                                            jnp.asarray(last))
         stats["prefill_calls"] += 1
         first, first_logp = np.asarray(first), np.asarray(first_logp)
+        first_top = None if first_top is None else (np.asarray(first_top[0]), np.asarray(first_top[1]))
         for i, r in enumerate(group):
           if last[i]:
             row, q = rows[r], rows[r].request
             row.length, row.generated, row.last_token = len(prompts[q]), 1, int(first[i])
             tokens[q, 0], logps[q, 0], mask[q, 0] = first[i], first_logp[i], 1.0
+            if top is not None:
+              top[0][q, 0], top[1][q, 0] = first_top[0][i], first_top[1][i]
             if int(first[i]) in self.sampling.eos_ids or self.sampling.max_new_tokens == 1:
               ended.append(r)
     return pools, ended
@@ -299,3 +328,32 @@ def check_engine(name: str) -> str:
   if name not in ENGINES:
     raise InputError(f"rollout engine {name!r} does not exist; choose one of {', '.join(ENGINES)}")
   return name
+
+
+class PagedSampler:
+  """The static `Sampler`'s call over the paged engine: `(state, prompt_BxP, prompt_valid_BxP, key)` ->
+  SampleOutput, so the training loop, evaluation and launch/sample.py take either engine. Row b is request b,
+  drawn under fold_in(key, b) (or under key[b] when `key` holds one key per row); the rows of a group
+  (samples_per_prompt > 1) each prefill their prompt (shared prompt pages are not built yet). `last_stats`: the
+  engine's statistics of the latest call."""
+
+  def __init__(self, graphdef, config: SamplingConfig, engine: EngineConfig):
+    self.config = config
+    self.engine = PagedEngine(graphdef, dataclasses.replace(config, samples_per_prompt=1), engine)
+    self.last_stats: dict = {}
+
+  def __call__(self, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
+    tokens_BxP, valid_BxP = np.asarray(prompt_BxP), np.asarray(prompt_valid_BxP).astype(bool)
+    prompts = [row[valid].tolist() for row, valid in zip(tokens_BxP, valid_BxP)]
+    keys_B = key if key.ndim == 1 else jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(len(prompts)))
+    out, self.last_stats = self.engine.generate(state, prompts, keys_B)
+    return out
+
+
+def engine_config(rollout, max_prompt_tokens: int, batch_rows: int) -> EngineConfig:
+  """The paged engine's settings from a RolloutConfig: rows default to the batch's, pages to room for every row
+  at its longest."""
+  return EngineConfig(page_size=rollout.page_size, num_pages=rollout.kv_pages,
+                      max_rows=rollout.engine_rows or batch_rows, decode_steps=rollout.decode_steps,
+                      prefill_chunk=rollout.page_size * max(1, -(-64 // rollout.page_size)),
+                      max_prompt_tokens=max_prompt_tokens)

@@ -24,6 +24,7 @@ from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives.chunked import row_map
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
+from opd_jax.errors import InputError
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.rollout.weight_sync import WeightSync
@@ -46,6 +47,8 @@ class RunSettings:
   eval_sampled: bool  # evaluation also samples at temperature 1 (and measures the reverse KL there)
   eval_weights: str = "learner"  # evaluation decodes with: learner (learner mesh) | sampler (synced, sampler mesh)
   teacher_names: tuple[str, ...] = ()  # multi-teacher runs: the teachers, in route order (per-teacher metrics)
+  max_prompt_tokens: int = 0  # prompts' width (the paged engine's page tables are sized for it)
+  batch_size: int = 0  # rows per rollout batch (the paged engine decodes this many at once by default)
 
   @classmethod
   def for_run(cls, spec: RunSpec, *, vocab_size: int, eos_ids: tuple[int, ...], pad_id: int,
@@ -57,7 +60,7 @@ class RunSettings:
     names = spec.teachers.names if spec.teachers.multi else ()
     return cls(spec.rollout, spec.objective, t.logits_chunk * batch_shards, t.micro_batch_size,
                t.sampler_top_k(vocab_size), spec.group_size, tuple(eos_ids), pad_id, bool(t.eval_sampled),
-               t.eval_weights, tuple(names))
+               t.eval_weights, tuple(names), spec.data.max_prompt_tokens, t.batch_size)
 
 
 def _scoring(graphdef, micro_batch_size: int, mesh: Mesh | None = None, **options):
@@ -103,6 +106,14 @@ def rollout_sampler(graphdef, settings: RunSettings, weight_sync: WeightSync) ->
   sampling = settings.rollout.sampling(eos_ids=settings.eos_ids, pad_id=settings.pad_id,
                                        logits_top_k=settings.sampler_top_k, samples_per_prompt=settings.group_size,
                                        platform=weight_sync.mesh.devices.flat[0].platform)
+  if settings.rollout.engine == "paged":
+    from opd_jax.rollout.engine import PagedSampler, engine_config
+    if weight_sync.mesh.devices.size > 1:
+      raise InputError(f"rollout.engine='paged' runs on one device for now; the sampler's mesh has "
+                       f"{weight_sync.mesh.devices.size} (use rollout.engine='static', or rollout.devices=1 with "
+                       "placement='disaggregated')")
+    return PagedSampler(graphdef, sampling, engine_config(settings.rollout, settings.max_prompt_tokens,
+                                                          settings.batch_size))
   return Sampler(graphdef, sampling, mesh=weight_sync.mesh, state_shardings=weight_sync.shardings)
 
 
