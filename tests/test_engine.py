@@ -93,11 +93,14 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["llama"]))
   prompts, keys = _prompts(), _keys(11)
   engine = PagedEngine(graphdef, sampling, SMALL)
+  rows, widths = engine.shapes()
+  assert (rows, widths) == ([1, 2, 4], [1, 2, 4, 8, 12])  # 12 pages: 24 prompt + 20 new + 3 decode tokens
+  warm = engine.warmup(state)
+  assert warm == len(rows) + len(widths)
   crowded, stats = engine.generate(state, prompts, keys)
-  warm = sum(engine.traces.values())
   alone, _ = engine.generate(state, prompts[:1], keys[:1])
   shuffled, _ = engine.generate(state, prompts[::-1], keys[::-1])
-  assert sum(engine.traces.values()) == warm <= 4  # decode once, prefill once per row bucket seen (1, 2, 4)
+  assert sum(engine.traces.values()) == warm  # nothing compiles after the warm-up
   assert stats["preempted"] > 0
   tight = EngineConfig(page_size=4, max_rows=2, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=12)
   narrow, narrow_stats = PagedEngine(graphdef, sampling, tight).generate(state, prompts, keys)

