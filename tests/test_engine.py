@@ -148,3 +148,23 @@ def test_engine_refuses_a_pool_too_small_and_a_prompt_too_long(tiny_checkpoints)
   with pytest.raises(InputError, match="request 1 has 25 prompt tokens"):
     PagedEngine(graphdef, sampling, SMALL).generate(state, [[5], [5] * 25])
 
+
+
+@pytest.mark.slow
+def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
+  """launch/bench/engine.py at toy size: both engines draw the same tokens (per-request keys), so they count the
+  same useful tokens; the paged engine steps only live rows; capacity rows grow as the KV dtype shrinks."""
+  import json
+  import subprocess
+  import sys
+  out = tmp_path / "engine.json"
+  subprocess.run([sys.executable, "launch/bench/engine.py", "--checkpoint=opd_jax/assets/pair1/student",
+                  "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.1",
+                  f"--out={out}"], check=True, capture_output=True, text=True)
+  result = json.loads(out.read_text())
+  for workload in ("equal", "longtail"):
+    row = result[workload]
+    assert row["static"]["useful_tokens"] == row["paged"]["useful_tokens"] > 0
+    assert row["paged"]["row_steps"] <= row["static"]["row_steps"] + 4 * 8  # at most a round of overshoot per row
+  capacity = {r["kv_dtype"]: r for r in result["capacity"]}
+  assert capacity["bf16"]["static_rows"] < capacity["fp8_e4m3"]["static_rows"] < capacity["int4"]["static_rows"]
