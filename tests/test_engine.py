@@ -1,6 +1,8 @@
 """Paged rollout engine: the static sampler's tokens (greedy and sampled, every KV dtype, every family), per-request
 determinism, preemption, a fixed set of compiled programs, and its input errors."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,7 +98,7 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   rows, widths = engine.shapes()
   assert (rows, widths) == ([1, 2, 4], [1, 2, 4, 8, 12])  # 12 pages: 24 prompt + 20 new + 3 decode tokens
   warm = engine.warmup(state)
-  assert warm == len(rows) + len(widths)
+  assert warm == 2 * len(rows) + 1 + len(widths)  # prefill and first token per row bucket, the page copy, decode
   crowded, stats = engine.generate(state, prompts, keys)
   alone, _ = engine.generate(state, prompts[:1], keys[:1])
   shuffled, _ = engine.generate(state, prompts[::-1], keys[::-1])
@@ -108,6 +110,28 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   row = lambda out, q: np.asarray(out.tokens_BxN[q]).tolist()
   assert row(alone, 0) == row(crowded, 0) == row(narrow, 0) == row(shuffled, 10)
   np.testing.assert_array_equal(np.asarray(narrow.tokens_BxN), np.asarray(crowded.tokens_BxN))
+
+
+@pytest.mark.parametrize("prompt_len", [11, 8, 3])  # a partial last page; whole pages only; one partial page
+def test_a_group_shares_its_prompt_pages_and_draws_the_static_samplers_tokens(tiny_checkpoints, prompt_len):
+  """samples_per_prompt=4: each group's prompt is prefilled once, its rows share the full prompt pages and copy
+  the partial one; the tokens are the static sampler's (which also prefills once per group), and the group holds
+  fewer pages than four separate requests."""
+  sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, samples_per_prompt=4,
+                            kv_dtype="int8")
+  rng = np.random.default_rng(prompt_len)
+  prompts = [p for p in rng.integers(3, checkpoints.VOCAB, size=(3, prompt_len)).tolist() for _ in range(4)]
+  grouped = EngineConfig(page_size=4, max_rows=8, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24)
+  static, paged, stats = _both(tiny_checkpoints["qwen2"], sampling, engine=grouped, prompts=prompts)
+  _assert_same(static, paged, 2e-2)
+  assert stats["prefill_calls"] == 2 * -(-prompt_len // 8)  # two admissions of groups, one prefill row each
+  graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["qwen2"]))
+  alone = PagedEngine(graphdef, dataclasses.replace(sampling, samples_per_prompt=1), grouped)
+  separate = alone.generate(state, prompts, _keys(len(prompts)))
+  _assert_same(separate[0], paged, 2e-2)
+  assert stats["peak_pages"] < separate[1]["peak_pages"] or prompt_len < 4
+  with pytest.raises(InputError, match="their prompts differ"):
+    PagedEngine(graphdef, sampling, grouped).generate(state, prompts[:3] + prompts[4:5])
 
 
 def test_paged_cache_writes_each_row_at_its_own_length():

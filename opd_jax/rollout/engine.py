@@ -8,7 +8,8 @@ SampleOutput for the Q requests, in request order, and the run's statistics. The
 free list of pages and R rows. Each round it:
   1. admits waiting requests into free rows while the pool has pages for their prompt and one round of decoding,
      and prefills them (C prompt tokens per call, rows bucketed to powers of two, so shapes come from a fixed set);
-     the last prompt position's logits give the request's first token;
+     the last prompt position's logits give the request's first token. A group (samples_per_prompt) is admitted
+     whole and prefilled once; its rows share the prompt's full pages (rollout.scheduler);
   2. gives every running row the pages its next D tokens need; when the pool runs dry, the newest row is
      preempted (its pages freed, the request queued again at the front, its tokens discarded: with per-request
      keys its rerun draws the same tokens);
@@ -34,7 +35,8 @@ from flax import nnx
 from opd_jax.errors import InputError
 from opd_jax.models import layer_stack
 from opd_jax.rollout.kv_cache import check_kv_dtype
-from opd_jax.rollout.paged_cache import PagedKVCache, TRASH_PAGE, pool_bytes
+from opd_jax.rollout.paged_cache import PagedKVCache, pool_bytes
+from opd_jax.rollout.scheduler import Outputs, Scheduler
 from opd_jax.rollout.precision import dequantized
 from opd_jax.rollout.sampler import SampleOutput, SamplingConfig, choose_tokens_per_row
 
@@ -63,16 +65,6 @@ class EngineConfig:
     return -(-(self.max_prompt_tokens + max_new_tokens + self.decode_steps) // self.page_size)
 
 
-@dataclasses.dataclass
-class _Row:
-  request: int
-  pages: list[int]
-  length: int  # tokens cached
-  generated: int  # tokens drawn (the last one not cached yet)
-  last_token: int
-  admitted_round: int
-
-
 def _bucket(n: int, limit: int) -> int:
   """The smallest power of two >= n (at most `limit`): prefill row counts and page-table widths come from a
   fixed set, so the programs compile a bounded number of times."""
@@ -83,17 +75,18 @@ def _bucket(n: int, limit: int) -> int:
 
 
 class PagedEngine:
-  """Continuous batching over a paged KV cache for one model graph; call `generate` with any parameter state."""
+  """Continuous batching over a paged KV cache for one model graph; call `generate` with any parameter state.
+  With sampling.samples_per_prompt = n, requests come in groups of n consecutive ones sharing a prompt: it is
+  prefilled once and the group's rows share its full pages (rollout.scheduler)."""
 
   def __init__(self, graphdef, sampling: SamplingConfig, engine: EngineConfig = EngineConfig()):
-    if sampling.samples_per_prompt != 1:
-      raise InputError("the paged engine does not share prompt pages across a group yet (samples_per_prompt > 1); "
-                       "pass each row's prompt, or use engine=static")
     self.graphdef, self.sampling, self.engine = graphdef, sampling, engine
     self.kv_dtype = check_kv_dtype(sampling.kv_dtype)
     self.pages_per_row = engine.pages_per_row(sampling.max_new_tokens)
     self.traces = collections.Counter()  # compiled programs, by name (a trace is a compile under jit)
     self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,))
+    self._first = jax.jit(self._first_fn)
+    self._copy = jax.jit(self._copy_fn, donate_argnums=(0,))
     self._decode = jax.jit(self._decode_fn, donate_argnums=(1,))
     self._dense = jax.jit(lambda state: layer_stack.unstack(dequantized(state)))
 
@@ -102,9 +95,8 @@ class PagedEngine:
   def _model(self, state):
     return nnx.merge(self.graphdef, state)
 
-  def _prefill_fn(self, state, pools, tokens_BxC, valid_BxC, page_table_BxM, lengths_B, keys_B, last_B):
-    """C prompt tokens per row into their pages; for rows whose prompt ends in this chunk (last_B), the first
-    new token and its log-prob (token index 0)."""
+  def _prefill_fn(self, state, pools, tokens_BxC, valid_BxC, page_table_BxM, lengths_B):
+    """C prompt tokens per row into their pages; the logits after each row's last real token."""
     self.traces["prefill"] += 1
     model = self._model(state)
     cache = PagedKVCache(*pools, page_table_BxM, lengths_B, jnp.zeros(valid_BxC.shape, bool), self.kv_dtype)
@@ -112,10 +104,19 @@ class PagedEngine:
     hidden_BxCxD, cache = model.hidden_states(tokens_BxC, positions_BxC, valid_BxC, cache=cache)
     last_index_B = jnp.maximum(jnp.sum(valid_BxC, axis=1) - 1, 0)
     hidden_Bx1xD = jnp.take_along_axis(hidden_BxCxD, last_index_B[:, None, None], axis=1)
-    logits_BxV = model.logits(hidden_Bx1xD)[:, 0]
-    token_B, logp_B = choose_tokens_per_row(logits_BxV, keys_B, 0, self.sampling)
-    return (cache.pools(), jnp.where(last_B, token_B, self.sampling.pad_id), jnp.where(last_B, logp_B, 0.0),
-            self._top(logits_BxV))
+    return cache.pools(), model.logits(hidden_Bx1xD)[:, 0]
+
+  def _first_fn(self, logits_BxV, source_R, keys_R):
+    """Token 0 of each of R rows, drawn from the prefilled row `source_R` under fold_in(its key, 0)."""
+    self.traces["first"] += 1
+    logits_RxV = logits_BxV[source_R]
+    token_R, logp_R = choose_tokens_per_row(logits_RxV, keys_R, 0, self.sampling)
+    return token_R, logp_R, self._top(logits_RxV)
+
+  def _copy_fn(self, pools, source_R, dest_R):
+    """Page dest <- page source in every layer's pools (a group's partial prompt page; trash to trash pads)."""
+    self.traces["copy"] += 1
+    return tuple(None if pool is None else pool.at[:, dest_R].set(pool[:, source_R]) for pool in pools)
 
   def _top(self, logits_BxV):
     """The K most likely tokens' log-probs (temperature 1, unfiltered) and ids, as the static sampler returns
@@ -133,8 +134,7 @@ class PagedEngine:
     eos_E = jnp.asarray(self.sampling.eos_ids or (-1,), jnp.int32)
     D, R = self.engine.decode_steps, last_R.shape[0]
     cache = PagedKVCache(*pools, page_table_RxM, lengths_R, jnp.zeros((R, 1), bool), self.kv_dtype)
-
-    K = min(self.sampling.logits_top_k, self._model(state).config.vocab_size)
+    K = min(self.sampling.logits_top_k, model.config.vocab_size)
 
     def step(d, carry):
       cache, last_R, generated_R, live_R, out = carry
@@ -160,33 +160,6 @@ class PagedEngine:
 
   # ---- host side ----
 
-  def shapes(self) -> tuple[list[int], list[int]]:
-    """(prefill row buckets, decode page-table widths): every shape the programs are called with."""
-    pow2 = lambda limit: sorted({_bucket(n, limit) for n in range(1, limit + 1)})
-    return pow2(self.engine.max_rows), pow2(self.pages_per_row)
-
-  def warmup(self, state) -> int:
-    """Compile every program shape `generate` can call, running each once on rows that write only to the trash
-    page; returns the number of compiled programs. After it, no mix of requests compiles anything."""
-    engine, sampling = self.engine, self.sampling
-    if sampling.weight_layout == "dense_layers":
-      state = self._dense(state)
-    pools = self._init_pools(state).pools()
-    key = jax.random.key(0)
-    rows, widths = self.shapes()
-    for B in rows:
-      zeros = lambda dtype, *shape: jnp.zeros(shape, dtype)
-      pools = self._prefill(state, pools, zeros(jnp.int32, B, engine.prefill_chunk),
-                            zeros(bool, B, engine.prefill_chunk), zeros(jnp.int32, B, self.pages_per_row),
-                            zeros(jnp.int32, B), jax.random.split(key, B), zeros(bool, B))[0]
-    R = engine.max_rows
-    for width in widths:
-      pools = self._decode(state, pools, jnp.zeros(R, jnp.int32), jnp.zeros((R, width), jnp.int32),
-                           jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32), jnp.ones(R, jnp.int32),
-                           jnp.zeros(R, bool), jax.random.split(key, R))[0]
-    jax.block_until_ready(pools)
-    return sum(self.traces.values())
-
   def _init_pools(self, state):
     mc = self._model(state).config
     engine = self.engine
@@ -200,178 +173,156 @@ class PagedEngine:
                              num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
                              compute_dtype=self._model(state).dtype, kv_dtype=self.kv_dtype)
 
+  def shapes(self) -> tuple[list[int], list[int]]:
+    """(prefill row buckets, decode page-table widths): every shape the programs are called with."""
+    pow2 = lambda limit: sorted({_bucket(n, limit) for n in range(1, limit + 1)})
+    return pow2(self.engine.max_rows), pow2(self.pages_per_row)
+
+  def warmup(self, state) -> int:
+    """Compile every program shape `generate` can call, running each once on rows that write only to the trash
+    page; returns the number of compiled programs. After it, no mix of requests compiles anything."""
+    engine, R = self.engine, self.engine.max_rows
+    state = self._dense(state) if self.sampling.weight_layout == "dense_layers" else state
+    pools = self._init_pools(state).pools()
+    keys_R, zeros_R = jax.random.split(jax.random.key(0), R), jnp.zeros(R, jnp.int32)
+    rows, widths = self.shapes()
+    for B in rows:
+      pools, logits_BxV = self._prefill(state, pools, jnp.zeros((B, engine.prefill_chunk), jnp.int32),
+                                        jnp.zeros((B, engine.prefill_chunk), bool),
+                                        jnp.zeros((B, self.pages_per_row), jnp.int32), jnp.zeros(B, jnp.int32))
+      self._first(logits_BxV, zeros_R, keys_R)
+    pools = self._copy(pools, zeros_R, zeros_R)
+    for width in widths:
+      pools = self._decode(state, pools, zeros_R, jnp.zeros((R, width), jnp.int32), zeros_R, zeros_R,
+                           jnp.ones(R, jnp.int32), jnp.zeros(R, bool), keys_R)[0]
+    jax.block_until_ready(pools)
+    return sum(self.traces.values())
+
   def generate(self, state, prompts: list[list[int]], keys=None) -> tuple[SampleOutput, dict]:
     """SampleOutput [Q, N] for the prompts (token-id lists, no padding), in order; keys: [Q] keys (one per request;
     default fold_in(key(0), q)). Returns (output, stats)."""
-    engine, sampling = self.engine, self.sampling
-    Q, N, Z, M = len(prompts), sampling.max_new_tokens, engine.page_size, self.pages_per_row
+    engine, sampling, N = self.engine, self.sampling, self.sampling.max_new_tokens
     for q, prompt in enumerate(prompts):
       if not 1 <= len(prompt) <= engine.max_prompt_tokens:
         raise InputError(f"request {q} has {len(prompt)} prompt tokens; the engine takes 1..{engine.max_prompt_tokens}"
                          " (engine max_prompt_tokens)")
     if keys is None:
-      keys = jax.vmap(lambda q: jax.random.fold_in(jax.random.key(0), q))(jnp.arange(Q))
-    if sampling.weight_layout == "dense_layers":
-      state = self._dense(state)
+      keys = jax.vmap(lambda q: jax.random.fold_in(jax.random.key(0), q))(jnp.arange(len(prompts)))
+    state = self._dense(state) if sampling.weight_layout == "dense_layers" else state
     cache = self._init_pools(state)
     pools = cache.pools()
-    free = list(range(cache.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low page ids first
-    queue = collections.deque(range(Q))
-    rows: list[_Row | None] = [None] * engine.max_rows
-    K = min(sampling.logits_top_k, self._model(state).config.vocab_size)
-    tokens, logps, mask = (np.full((Q, N), sampling.pad_id, np.int32), np.zeros((Q, N), np.float32),
-                           np.zeros((Q, N), np.float32))
-    top = (np.zeros((Q, N, K), np.float32), np.zeros((Q, N, K), np.int32)) if K else None
+    plan = Scheduler(prompts, sampling.samples_per_prompt, rows=engine.max_rows, page_size=engine.page_size,
+                     decode_steps=engine.decode_steps, num_pages=cache.num_pages)
+    outputs = Outputs(len(prompts), N, min(sampling.logits_top_k, self._model(state).config.vocab_size),
+                      sampling.pad_id)
     stats = collections.Counter()
-    peak_pages, peak_rows, rounds = 0, 0, 0
-
-    def pages_for(slots: int) -> int:
-      return -(-slots // Z)
-
-    def release(r: int) -> None:
-      free.extend(rows[r].pages)
-      rows[r] = None
-
-    while queue or any(rows):
-      rounds += 1
-      # 1. admit and prefill
-      admitted = []
-      for r in range(engine.max_rows):
-        if rows[r] is not None or not queue:
-          continue
-        q = queue[0]
-        need = pages_for(len(prompts[q]) + engine.decode_steps)
-        if len(free) < need:
-          break
-        queue.popleft()
-        rows[r] = _Row(q, [free.pop() for _ in range(need)], 0, 0, sampling.pad_id, rounds)
-        admitted.append(r)
+    peak_pages = peak_rows = 0
+    while plan.queue or plan.live():
+      admitted = plan.admit()
       if admitted:
-        pools, ended = self._prefill_rows(state, pools, rows, admitted, prompts, keys, (tokens, logps, mask, top),
-                                          stats)
-        for r in ended:
-          release(r)
-      # 2. pages for the next round; preempt the newest rows while the pool is short
-      while True:
-        short = [r for r, row in enumerate(rows) if row is not None
-                 and pages_for(row.length + engine.decode_steps) > len(row.pages)]
-        want = sum(pages_for(rows[r].length + engine.decode_steps) - len(rows[r].pages) for r in short)
-        if want <= len(free):
-          for r in short:
-            while len(rows[r].pages) < pages_for(rows[r].length + engine.decode_steps):
-              rows[r].pages.append(free.pop())
-          break
-        newest = max((r for r, row in enumerate(rows) if row is not None), key=lambda r: rows[r].admitted_round)
-        q = rows[newest].request
-        tokens[q], logps[q], mask[q] = sampling.pad_id, 0.0, 0.0
-        if top is not None:
-          top[0][q], top[1][q] = 0.0, 0
-        stats["discarded_tokens"] += rows[newest].generated
-        queue.appendleft(q)
-        release(newest)
-        stats["preempted"] += 1
-      peak_pages = max(peak_pages, cache.num_pages - 1 - len(free))
-      live = [r for r, row in enumerate(rows) if row is not None]
-      peak_rows = max(peak_rows, len(live))
-      if not live:
-        continue
-      # 3. decode D steps over every row
-      # Attention reads a page table's width of slots: the live rows' longest, bucketed to a power of two pages.
-      table = np.zeros((engine.max_rows, _bucket(max(len(rows[r].pages) for r in live), M)), np.int32)
-      lengths, generated, caps = (np.zeros(engine.max_rows, np.int32) for _ in range(3))
-      last, alive = np.full(engine.max_rows, sampling.pad_id, np.int32), np.zeros(engine.max_rows, bool)
-      request = np.zeros(engine.max_rows, np.int32)
-      for r in live:
-        row = rows[r]
-        table[r, :len(row.pages)] = row.pages
-        lengths[r], generated[r], caps[r], last[r], alive[r] = row.length, row.generated, N, row.last_token, True
-        request[r] = row.request
-      pools, out, new_lengths, still = self._decode(
-          state, pools, jnp.asarray(last), jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(generated),
-          jnp.asarray(caps), jnp.asarray(alive), keys[jnp.asarray(request)])
-      out = {k: np.asarray(v) for k, v in out.items()}
-      out_tokens, out_logps, out_mask = out["tokens"], out["logps"], out["mask"]
-      new_lengths, still = np.asarray(new_lengths), np.asarray(still)
-      stats["decode_calls"] += 1
-      stats["decode_row_steps"] += engine.max_rows * engine.decode_steps
-      # 4. collect, retire
-      for r in live:
-        row, n = rows[r], int(out_mask[r].sum())
-        tokens[row.request, row.generated:row.generated + n] = out_tokens[r, :n]
-        logps[row.request, row.generated:row.generated + n] = out_logps[r, :n]
-        mask[row.request, row.generated:row.generated + n] = 1.0
-        if top is not None:
-          top[0][row.request, row.generated:row.generated + n] = out["top_vals"][r, :n]
-          top[1][row.request, row.generated:row.generated + n] = out["top_ids"][r, :n]
-        row.generated += n
-        row.length = int(new_lengths[r])
-        row.last_token = int(out_tokens[r, n - 1]) if n else row.last_token
-        if not still[r]:
-          release(r)
-    stats.update(useful_tokens=int(mask.sum()), rounds=rounds, peak_rows=peak_rows, peak_pages=peak_pages, pool_pages=cache.num_pages, page_size=Z,
+        pools = self._prefill_units(state, pools, plan, admitted, keys, outputs, stats)
+      plan.grow(outputs, stats)
+      live = plan.live()
+      peak_pages, peak_rows = max(peak_pages, plan.pool.in_use), max(peak_rows, len(live))
+      if live:
+        pools = self._decode_round(state, pools, plan, live, keys, outputs, stats)
+    stats.update(useful_tokens=int(outputs.mask.sum()), rounds=plan.round, peak_rows=peak_rows,
+                 peak_pages=peak_pages, pool_pages=cache.num_pages, page_size=engine.page_size,
                  peak_kv_bytes=peak_pages * pool_bytes(cache) // cache.num_pages, pool_bytes=pool_bytes(cache),
                  compiles=sum(self.traces.values()))
-    return SampleOutput(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(logps),
-                        *((jnp.asarray(top[0]), jnp.asarray(top[1])) if top is not None else ())), dict(stats)
+    top = () if outputs.top is None else tuple(map(jnp.asarray, outputs.top))
+    return SampleOutput(jnp.asarray(outputs.tokens), jnp.asarray(outputs.mask), jnp.asarray(outputs.logps),
+                        *top), dict(stats)
 
-  def _prefill_rows(self, state, pools, rows, admitted, prompts, keys, outputs, stats):
-    """Prefill the admitted rows' prompts, C tokens per call; their first tokens go into the outputs. Returns
-    (pools, rows that ended on their first token)."""
-    engine, C, M = self.engine, self.engine.prefill_chunk, self.pages_per_row
-    tokens, logps, mask, top = outputs
-    B, ended = _bucket(len(admitted), engine.max_rows), []
+  def _decode_round(self, state, pools, plan: Scheduler, live: list[int], keys, outputs: Outputs, stats):
+    """D decode steps over every row; the live rows' tokens into the outputs; rows that ended retire."""
+    R, N, M = self.engine.max_rows, self.sampling.max_new_tokens, self.pages_per_row
+    # Attention reads a page table's width of slots: the live rows' longest, bucketed to a power of two pages.
+    table = np.zeros((R, _bucket(max(len(plan.rows[r].pages) for r in live), M)), np.int32)
+    lengths, generated, request = (np.zeros(R, np.int32) for _ in range(3))
+    last, alive = np.full(R, self.sampling.pad_id, np.int32), np.zeros(R, bool)
+    for r in live:
+      row = plan.rows[r]
+      table[r, :len(row.pages)] = row.pages
+      lengths[r], generated[r], last[r], alive[r], request[r] = row.length, row.generated, row.last_token, 1, row.request
+    pools, out, new_lengths, still = self._decode(
+        state, pools, jnp.asarray(last), jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(generated),
+        jnp.full(R, N, jnp.int32), jnp.asarray(alive), keys[jnp.asarray(request)])
+    out = {k: np.asarray(v) for k, v in out.items()}
+    new_lengths, still = np.asarray(new_lengths), np.asarray(still)
+    stats["decode_calls"] += 1
+    stats["decode_row_steps"] += R * self.engine.decode_steps
+    for r in live:
+      row, n = plan.rows[r], int(out["mask"][r].sum())
+      top = (out["top_vals"][r, :n], out["top_ids"][r, :n]) if outputs.top is not None else None
+      outputs.put(row.request, row.generated, out["tokens"][r, :n], out["logps"][r, :n], top)
+      row.generated += n
+      row.length = int(new_lengths[r])
+      row.last_token = int(out["tokens"][r, n - 1]) if n else row.last_token
+      if not still[r]:
+        plan.release(r)
+    return pools
+
+  def _prefill_units(self, state, pools, plan: Scheduler, admitted, keys, outputs: Outputs, stats):
+    """Prefill each admitted unit's first row, C prompt tokens per call (units bucketed to powers of two); copy the
+    partial prompt page to the unit's other rows; draw every row's first token from its unit's logits."""
+    C, M, R = self.engine.prefill_chunk, self.pages_per_row, self.engine.max_rows
+    B = _bucket(len(admitted), R)
     for start in range(0, len(admitted), B):
-      group = admitted[start:start + B]
-      longest = max(len(prompts[rows[r].request]) for r in group)
+      units = admitted[start:start + B]
+      prompts = [plan.prompts[plan.rows[unit.rows[0]].request] for unit in units]
       table = np.zeros((B, M), np.int32)  # prefill reads the full width: one program per row bucket
-      request = np.zeros(B, np.int32)
-      for i, r in enumerate(group):
-        table[i, :len(rows[r].pages)] = rows[r].pages
-        request[i] = rows[r].request
-      row_keys = keys[jnp.asarray(request)]
-      for offset in range(0, longest, C):
-        chunk, valid, lengths, last = (np.zeros((B, C), np.int32), np.zeros((B, C), bool), np.zeros(B, np.int32),
-                                       np.zeros(B, bool))
-        for i, r in enumerate(group):
-          prompt = prompts[rows[r].request]
+      for i, unit in enumerate(units):
+        pages = plan.rows[unit.rows[0]].pages
+        table[i, :len(pages)] = pages
+      for offset in range(0, max(map(len, prompts)), C):
+        chunk, valid, lengths = np.zeros((B, C), np.int32), np.zeros((B, C), bool), np.zeros(B, np.int32)
+        for i, prompt in enumerate(prompts):
           piece = prompt[offset:offset + C]
-          chunk[i, :len(piece)], valid[i, :len(piece)] = piece, True
-          lengths[i] = min(offset, len(prompt))
-          last[i] = offset < len(prompt) <= offset + C
-        pools, first, first_logp, first_top = self._prefill(state, pools, jnp.asarray(chunk), jnp.asarray(valid),
-                                                            jnp.asarray(table), jnp.asarray(lengths), row_keys,
-                                                            jnp.asarray(last))
+          chunk[i, :len(piece)], valid[i, :len(piece)], lengths[i] = piece, True, min(offset, len(prompt))
+        pools, logits_BxV = self._prefill(state, pools, jnp.asarray(chunk), jnp.asarray(valid), jnp.asarray(table),
+                                          jnp.asarray(lengths))
         stats["prefill_calls"] += 1
-        first, first_logp = np.asarray(first), np.asarray(first_logp)
-        first_top = None if first_top is None else (np.asarray(first_top[0]), np.asarray(first_top[1]))
-        for i, r in enumerate(group):
-          if last[i]:
-            row, q = rows[r], rows[r].request
-            row.length, row.generated, row.last_token = len(prompts[q]), 1, int(first[i])
-            tokens[q, 0], logps[q, 0], mask[q, 0] = first[i], first_logp[i], 1.0
-            if top is not None:
-              top[0][q, 0], top[1][q, 0] = first_top[0][i], first_top[1][i]
-            if int(first[i]) in self.sampling.eos_ids or self.sampling.max_new_tokens == 1:
-              ended.append(r)
-    return pools, ended
+        ending = [i for i, prompt in enumerate(prompts) if offset < len(prompt) <= offset + C]
+        if ending:
+          self._first_tokens(logits_BxV, [(i, units[i]) for i in ending], plan, keys, outputs)
+      copies = [pair for unit in units for pair in unit.copies]
+      if copies:
+        source, dest = np.zeros(R, np.int32), np.zeros(R, np.int32)
+        source[:len(copies)], dest[:len(copies)] = zip(*copies)
+        pools = self._copy(pools, jnp.asarray(source), jnp.asarray(dest))
+    return pools
 
-
-def check_engine(name: str) -> str:
-  if name not in ENGINES:
-    raise InputError(f"rollout engine {name!r} does not exist; choose one of {', '.join(ENGINES)}")
-  return name
+  def _first_tokens(self, logits_BxV, ending, plan: Scheduler, keys, outputs: Outputs) -> None:
+    """Every row of the units whose prompt just ended: token 0 from its unit's logits, and its length; a row whose
+    first token ends it (EOS, or a cap of one) retires."""
+    R = self.engine.max_rows
+    rows = [(i, r) for i, unit in ending for r in unit.rows]
+    source, request = np.zeros(R, np.int32), np.zeros(R, np.int32)
+    for j, (i, r) in enumerate(rows):
+      source[j], request[j] = i, plan.rows[r].request
+    token, logp, top = self._first(logits_BxV, jnp.asarray(source), keys[jnp.asarray(request)])
+    token, logp = np.asarray(token), np.asarray(logp)
+    top = None if top is None else (np.asarray(top[0]), np.asarray(top[1]))
+    for j, (_, r) in enumerate(rows):
+      row = plan.rows[r]
+      row.length, row.generated, row.last_token = len(plan.prompts[row.request]), 1, int(token[j])
+      outputs.put(row.request, 0, token[j:j + 1], logp[j:j + 1], None if top is None else (top[0][j:j + 1],
+                                                                                            top[1][j:j + 1]))
+      if int(token[j]) in self.sampling.eos_ids or self.sampling.max_new_tokens == 1:
+        plan.release(r)
 
 
 class PagedSampler:
   """The static `Sampler`'s call over the paged engine: `(state, prompt_BxP, prompt_valid_BxP, key)` ->
   SampleOutput, so the training loop, evaluation and launch/sample.py take either engine. Row b is request b,
   drawn under fold_in(key, b) (or under key[b] when `key` holds one key per row); the rows of a group
-  (samples_per_prompt > 1) each prefill their prompt (shared prompt pages are not built yet). `last_stats`: the
-  engine's statistics of the latest call."""
+  (samples_per_prompt > 1) share their prompt's pages. `last_stats`: the engine's statistics of the latest
+  call."""
 
   def __init__(self, graphdef, config: SamplingConfig, engine: EngineConfig):
     self.config = config
-    self.engine = PagedEngine(graphdef, dataclasses.replace(config, samples_per_prompt=1), engine)
+    self.engine = PagedEngine(graphdef, config, engine)
     self.last_stats: dict = {}
 
   def __call__(self, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
@@ -389,3 +340,9 @@ def engine_config(rollout, max_prompt_tokens: int, batch_rows: int) -> EngineCon
                       max_rows=rollout.engine_rows or batch_rows, decode_steps=rollout.decode_steps,
                       prefill_chunk=rollout.page_size * max(1, -(-64 // rollout.page_size)),
                       max_prompt_tokens=max_prompt_tokens)
+
+
+def check_engine(name: str) -> str:
+  if name not in ENGINES:
+    raise InputError(f"rollout engine {name!r} does not exist; choose one of {', '.join(ENGINES)}")
+  return name
