@@ -192,3 +192,10 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
     assert row["paged"]["row_steps"] <= row["static"]["row_steps"] + 4 * 8  # at most a round of overshoot per row
   capacity = {r["kv_dtype"]: r for r in result["capacity"]}
   assert capacity["bf16"]["static_rows"] < capacity["fp8_e4m3"]["static_rows"] < capacity["int4"]["static_rows"]
+
+
+def test_concurrent_sequences_in_a_kv_budget():
+  """The static engine reserves prompt + cap per row; the paged one holds whole pages of the mean length."""
+  from opd_jax.rollout.memory import concurrent_sequences
+  fits = concurrent_sequences(16_000, prompt_tokens=64, max_new_tokens=256, mean_tokens=150, page_size=16)
+  assert fits == {"static": 50, "paged": 1000 // 10}

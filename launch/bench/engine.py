@@ -12,7 +12,8 @@ tokens; compile excluded, medians over --repeats rounds run interleaved):
 Reported: useful (non-pad) tokens per second, decode steps of one row (rows x steps), compiles, peak KV bytes.
 Capacity: in a fixed KV budget (--kv_budget_mib), how many long-tail sequences each engine holds at once, per KV
 dtype: the static sampler reserves prompt + cap slots per row; the paged engine's peak live rows in a pool of that
-many bytes (--rows large enough not to bind).
+many bytes (every request may run at once), beside what rollout.memory.concurrent_sequences predicts from the
+workload's mean sequence length.
 """
 
 import json
@@ -129,8 +130,11 @@ def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
   paged engine's peak live rows in a pool of the budget's bytes (decoding the long-tail requests)."""
   import dataclasses
 
+  import numpy as np
+
   from opd_jax.rollout.engine import EngineConfig, PagedEngine
   from opd_jax.rollout.kv_cache import kv_bytes_per_token
+  from opd_jax.rollout.memory import concurrent_sequences
   budget = int(_KV_BUDGET.value * 2 ** 20)
   out = []
   for kv in _KV_DTYPES.value:
@@ -141,10 +145,14 @@ def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
     config = EngineConfig(page_size=_PAGE.value, num_pages=pages + 1, max_rows=len(prompts),
                           decode_steps=_STEPS.value, prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
                           max_prompt_tokens=max(map(len, prompts)))
-    _, stats = PagedEngine(graphdef, dataclasses.replace(sampling, kv_dtype=kv), config).generate(
+    sample, stats = PagedEngine(graphdef, dataclasses.replace(sampling, kv_dtype=kv), config).generate(
         state, prompts, keys)
+    mean = float(np.mean([len(p) for p in prompts]) + np.asarray(sample.mask_BxN).sum(axis=1).mean())
+    predicted = concurrent_sequences(budget // per_token, prompt_tokens=max(map(len, prompts)),
+                                     max_new_tokens=sampling.max_new_tokens, mean_tokens=mean, page_size=_PAGE.value)
     out.append({"kv_dtype": kv, "budget_bytes": budget, "bytes_per_token": per_token, "static_rows": int(static_rows),
-                "paged_peak_rows": stats["peak_rows"], "paged_pages": pages, "preempted": stats.get("preempted", 0)})
+                "paged_peak_rows": stats["peak_rows"], "paged_rows_predicted": predicted["paged"],
+                "mean_sequence_tokens": mean, "paged_pages": pages, "preempted": stats.get("preempted", 0)})
     print(f"capacity  {kv:<9} static {static_rows:4d} rows  paged peak {stats['peak_rows']:4d} rows "
           f"({pages} pages of {_PAGE.value})", flush=True)
   base = next((r for r in out if r["kv_dtype"] == "bf16"), out[0])

@@ -74,3 +74,13 @@ def kv_capacity(config: ModelConfig, rules: precision.Rules, kv_dtype: str, *, d
   free = device_bytes * (1 - reserve_fraction) - weights
   return Capacity(weights, per_token, max(int(free // per_token), 0))
 
+
+
+def concurrent_sequences(kv_tokens: int, *, prompt_tokens: int, max_new_tokens: int, mean_tokens: float,
+                         page_size: int = 16) -> dict[str, int]:
+  """Sequences a KV budget of `kv_tokens` holds at once: the static engine reserves prompt + cap slots per row;
+  the paged engine holds each sequence's tokens in whole pages, so it fits as many as pages of a mean-length
+  sequence (`mean_tokens`: prompt + response, averaged over the workload) fit, the last page's waste included."""
+  pages_per_sequence = -(-int(round(mean_tokens)) // page_size)
+  return {"static": kv_tokens // (prompt_tokens + max_new_tokens),
+          "paged": (kv_tokens // page_size) // max(pages_per_sequence, 1)}
