@@ -104,7 +104,7 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   shuffled, _ = engine.generate(state, prompts[::-1], keys[::-1])
   assert sum(engine.traces.values()) == warm  # nothing compiles after the warm-up
   assert stats["preempted"] > 0
-  tight = EngineConfig(page_size=4, max_rows=2, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=12)
+  tight = EngineConfig(page_size=4, max_rows=2, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=14)
   narrow, narrow_stats = PagedEngine(graphdef, sampling, tight).generate(state, prompts, keys)
   assert narrow_stats["preempted"] > 0
   row = lambda out, q: np.asarray(out.tokens_BxN[q]).tolist()
@@ -171,6 +171,12 @@ def test_engine_refuses_a_pool_too_small_and_a_prompt_too_long(tiny_checkpoints)
     PagedEngine(graphdef, sampling, small).generate(state, [[5, 6]])
   with pytest.raises(InputError, match="request 1 has 25 prompt tokens"):
     PagedEngine(graphdef, sampling, SMALL).generate(state, [[5], [5] * 25])
+  grouped = dataclasses.replace(sampling, samples_per_prompt=8)
+  with pytest.raises(InputError, match="raise the engine's rows to >= 8"):
+    PagedEngine(graphdef, grouped, SMALL).generate(state, [[5, 6]] * 8)
+  narrow = EngineConfig(page_size=4, max_rows=8, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=9)
+  with pytest.raises(InputError, match="cannot hold a group of 8 requests"):
+    PagedEngine(graphdef, grouped, narrow).generate(state, [[5, 6]] * 8)
 
 
 

@@ -164,11 +164,12 @@ class PagedEngine:
     mc = self._model(state).config
     engine = self.engine
     num_pages = engine.num_pages or 1 + engine.max_rows * self.pages_per_row
-    need = -(-(engine.max_prompt_tokens + engine.decode_steps) // engine.page_size)
+    need = self.pages_per_row  # one request at its longest, or a lone row could be preempted forever
     if num_pages - 1 < need:
       raise InputError(f"engine num_pages={num_pages} is too small for one request: a {engine.max_prompt_tokens}-"
-                       f"token prompt and a round of {engine.decode_steps} decode steps need {need} pages of "
-                       f"{engine.page_size} tokens, plus the trash page")
+                       f"token prompt, {self.sampling.max_new_tokens} new tokens and a round of "
+                       f"{engine.decode_steps} decode steps need {need} pages of {engine.page_size} tokens, plus "
+                       "the trash page")
     return PagedKVCache.init(num_pages=num_pages, page_size=engine.page_size, num_layers=mc.num_hidden_layers,
                              num_kv_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
                              compute_dtype=self._model(state).dtype, kv_dtype=self.kv_dtype)

@@ -104,6 +104,9 @@ class Scheduler:
 
   def __init__(self, prompts: list[list[int]], group_size: int, *, rows: int, page_size: int, decode_steps: int,
                num_pages: int):
+    if group_size > rows:
+      raise InputError(f"a group of samples_per_prompt={group_size} rows is admitted whole, but the engine decodes "
+                       f"{rows} rows at once; raise the engine's rows to >= {group_size}")
     self.prompts, self.Z, self.D = prompts, page_size, decode_steps
     self.queue = collections.deque(units_of(prompts, group_size))
     self.rows: list[Row | None] = [None] * rows
@@ -127,6 +130,9 @@ class Scheduler:
       shared = P // self.Z if len(unit) > 1 else 0  # full prompt pages the unit's rows share
       own = self.pages_for(P + self.D) - shared
       if len(free_rows) < len(unit) or len(self.pool.free) < shared + own * len(unit):
+        if not self.live() and not admitted:  # nothing will ever free a page: it cannot fit at all
+          raise InputError(f"the KV pool's {self.pool.total} pages cannot hold a group of {len(unit)} requests with "
+                           f"{P}-token prompts ({shared + own * len(unit)} pages); raise the engine's num_pages")
         break
       self.queue.popleft()
       common = self.pool.take(shared)
