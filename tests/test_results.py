@@ -132,7 +132,7 @@ def test_the_generator_checks_the_page_against_changed_results(tmp_path):
   import shutil
   copy = tmp_path / "results"
   shutil.copytree(RESULTS, copy)
-  path = copy / "smollm2" / "run" / "metrics.jsonl"
+  path = copy / "smollm2" / "run" / "seed0" / "metrics.jsonl"
   rows = path.read_text().split("\n")
   assert render_page(str(copy)) == render_page(RESULTS)
   path.write_text("\n".join(rows[:-3]) + "\n")  # drop the last evaluation rows
@@ -183,7 +183,8 @@ def _recomputed(name: str) -> dict:
   measured = read_admission_k3(os.path.join(ROOT, conversion["file"])) if conversion else None
   again = build_budget([r for r in load_rows(paths) if r["point"] not in budget["holdout_points"]],
                        tolerance=budget["tolerance"], relative=budget["tolerance_relative"], other_scales=False,
-                       seed_means=budget.get("seed_means", False), admission_k3=measured)
+                       seed_means=budget.get("seed_means", False), admission_k3=measured,
+                       quality=budget.get("quality", "accuracy"))
   assert set(again["budgets"]) == set(budget["budgets"]) and again["transfer"] == budget["transfer"]
   if conversion:
     assert again["k3_conversion"] == {k: v for k, v in conversion.items() if k != "file"}

@@ -1,13 +1,17 @@
 """The tables for the real pair (SmolLM2-135M-Instruct -> its pruned copy), rendered from the shipped
 files under results/smollm2/ (how each is made is in docs/real_pair.md):
 
-  run/metrics.jsonl, run/samples.jsonl   the main command's run (launch/train.py --config=configs/smollm2.py)
+  run/seed<S>/metrics.jsonl, samples.jsonl, time.json
+                                         the main command's run at seeds 0, 1, 2 (launch/train.py
+                                         --config=configs/smollm2.py --config.seed=S)
+  run_v2_150_steps/                      the previous main config (150 steps, one seed)
   depth/L<N>.jsonl                       step-0 evaluations of students pruned to N layers (train.steps=0)
   depth/L<N>_prune.json                  the pruning record of that student (prune.json of its directory)
   prune.json                             layer-selection schedules side by side (launch/bench/prune.py)
   admission.json, admission_pair1.json   admit.py --candidates --json rows, real pair and pair1
   sensitivity_<precision>.json           launch/sensitivity.py on the real pair (recipe_<precision>.json: its recipe)
   recipes.jsonl                          configs/sweeps/smollm2.py (recipes trained on the real pair)
+  loops/<student>.json                   study/loops.py: both models' probability of the greedy token in loops
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import re
 
 from opd_jax.experiments.files import read_json, read_jsonl, read_results
+from opd_jax.experiments.intervals import T_INTERVAL, t_interval
 from opd_jax.experiments.sweep import fill_deltas
 from study.tables.markdown import md_table
 
@@ -33,27 +38,83 @@ def _evals(rows: list[dict]) -> list[dict]:
   return [r for r in rows if "eval/reverse_kl" in r]
 
 
-def distillation_table(rows: list[dict]) -> str:
-  """Teacher / pruned student (step 0) / distilled student (last evaluation) of one run's metrics.jsonl."""
-  evals = _evals(rows)
-  first, last = evals[0], evals[-1]
-  body = [
-      ["held-out reverse KL to the teacher (student's samples)", "(0)", _f(first["eval/reverse_kl"]),
-       _f(last["eval/reverse_kl"])],
-      ["teacher-forced KL(teacher ‖ student) (teacher's greedy responses)", "(0)",
-       _f(first["eval/teacher_forced_kl"]), _f(last["eval/teacher_forced_kl"])],
-      ["capitals accuracy (greedy)", _pct(first.get("eval/teacher_accuracy")), _pct(first.get("eval/accuracy")),
-       _pct(last.get("eval/accuracy"))],
-      ["mean greedy response tokens", _f(first.get("eval/teacher_response_tokens"), 1),
-       _f(first["eval/response_tokens"], 1), _f(last["eval/response_tokens"], 1)],
-  ]
-  if "eval/at_cap" in first:  # logged since the stopping fix
-    body += [["greedy responses at the token cap", _pct(first.get("eval/teacher_at_cap")), _pct(first["eval/at_cap"]),
-              _pct(last["eval/at_cap"])],
-             ["greedy responses repeating an 8-token run", _pct(first.get("eval/teacher_repetition")),
-              _pct(first["eval/repetition"]), _pct(last["eval/repetition"])]]
-  return md_table(["held-out metric", "teacher", f"pruned (step {first['step']})", f"distilled (step {last['step']})"],
-             body)
+# (label, metric key, teacher key, digits; None = a percentage) of the held-out evaluation, in table order.
+METRICS = (
+    ("held-out reverse KL to the teacher (student's samples)", "eval/reverse_kl", None, 3),
+    ("teacher-forced KL(teacher ‖ student) (teacher's greedy responses)", "eval/teacher_forced_kl", None, 3),
+    ("capitals accuracy (greedy)", "eval/accuracy", "eval/teacher_accuracy", None),
+    ("mean greedy response tokens", "eval/response_tokens", "eval/teacher_response_tokens", 1),
+    ("greedy responses at the token cap", "eval/at_cap", "eval/teacher_at_cap", None),
+    ("greedy responses repeating an 8-token run", "eval/repetition", "eval/teacher_repetition", None),
+)
+
+
+def _value(x, digits) -> str:
+  return _pct(x) if digits is None else _f(x, digits)
+
+
+def _across(values: list[float], digits) -> str:
+  """One value if the seeds agree (a greedy evaluation of the same weights), else the mean and its t-interval."""
+  if max(values) - min(values) < 1e-9:
+    return _value(values[0], digits)
+  lo, hi = t_interval(values)
+  return f"{_value(sum(values) / len(values), digits)} [{_value(lo, digits)}, {_value(hi, digits)}]"
+
+
+def distillation_table(runs: list[list[dict]]) -> str:
+  """Teacher / pruned student (step 0) / distilled student (last evaluation) over the seeds' metrics.jsonl rows:
+  each cell the seed mean with its 95% t-interval (one value where every seed gives the same)."""
+  firsts, lasts = [_evals(rows)[0] for rows in runs], [_evals(rows)[-1] for rows in runs]
+  body = []
+  for label, key, teacher_key, digits in METRICS:
+    if key not in firsts[0]:  # at_cap / repetition: logged since the stopping fix
+      continue
+    teacher = "(0)" if teacher_key is None else _value(firsts[0].get(teacher_key), digits)
+    body.append([label, teacher, _across([r[key] for r in firsts], digits), _across([r[key] for r in lasts], digits)])
+  ratio = [last["eval/reverse_kl"] / first["eval/reverse_kl"] for first, last in zip(firsts, lasts)]
+  body.append(["reverse KL, distilled / pruned (same seed)", "", "", _across(ratio, None)])
+  steps = {r["step"] for r in lasts}
+  head = [f"held-out metric ({len(runs)} seeds; mean [{T_INTERVAL}])" if len(runs) > 1 else "held-out metric",
+          "teacher", f"pruned (step {firsts[0]['step']})", f"distilled (step {'/'.join(map(str, sorted(steps)))})"]
+  return md_table(head, body)
+
+
+# Issue 35's goals for the distilled student, judged on the seed mean: (label, key, teacher key, test, goal text).
+GOALS = (
+    ("mean greedy response tokens", "eval/response_tokens", "eval/teacher_response_tokens",
+     lambda s, t: abs(s - t) <= 0.25 * t, "within 25% of the teacher's", 1),
+    ("greedy responses at the token cap", "eval/at_cap", "eval/teacher_at_cap",
+     lambda s, t: abs(s - t) <= 0.10, "within 10 points of the teacher's", None),
+    ("greedy responses repeating an 8-token run", "eval/repetition", "eval/teacher_repetition",
+     lambda s, t: abs(s - t) <= 0.10, "within 10 points of the teacher's", None),
+)
+
+
+def goals_table(runs: list[list[dict]]) -> str:
+  """The real pair's goals (issue 35), each judged on the seed mean, with the interval beside it."""
+  firsts, lasts = [_evals(rows)[0] for rows in runs], [_evals(rows)[-1] for rows in runs]
+  body = []
+  for label, key, teacher_key, met, goal, digits in GOALS:
+    values, teacher = [r[key] for r in lasts], firsts[0][teacher_key]
+    mean = sum(values) / len(values)
+    body.append([label, _value(teacher, digits), goal, _across(values, digits), "yes" if met(mean, teacher) else "no"])
+  ratio = [last["eval/reverse_kl"] / first["eval/reverse_kl"] for first, last in zip(firsts, lasts)]
+  body.append(["held-out reverse KL, distilled / pruned", "", "at most 40%", _across(ratio, None),
+               "yes" if sum(ratio) / len(ratio) <= 0.40 else "no"])
+  return md_table(["goal (seed mean)", "teacher", "goal", f"distilled ({len(runs)} seeds)", "met"], body)
+
+
+def seeds_table(runs: dict[int, list[dict]], times: dict[int, dict]) -> str:
+  """One row per seed: the last evaluation and the run's wall time."""
+  body = []
+  for seed, rows in sorted(runs.items()):
+    first, last = _evals(rows)[0], _evals(rows)[-1]
+    wall = times.get(seed, {}).get("wall_seconds")
+    body.append([str(seed), _f(last["eval/reverse_kl"]), _pct(last["eval/reverse_kl"] / first["eval/reverse_kl"]),
+                 _pct(last["eval/accuracy"]), _f(last["eval/response_tokens"], 1), _pct(last["eval/at_cap"]),
+                 _pct(last["eval/repetition"]), "n/a" if wall is None else f"{wall / 60:.1f}"])
+  return md_table(["seed", "reverse KL", "of the pruned", "capitals accuracy", "greedy tokens", "at the cap",
+                   "repeating", "wall minutes"], body)
 
 
 def samples_table(samples: list[dict], count: int = 3, graded: bool = False) -> str:
@@ -139,16 +200,43 @@ def recipes_table(rows: list[dict]) -> str:
              body)
 
 
+def _seed_folders(run: str) -> list[tuple[int, str]]:
+  """(seed, folder) of every run/seed<S>/ holding a metrics.jsonl, by seed."""
+  if not os.path.isdir(run):
+    return []
+  found = [(int(m.group(1)), os.path.join(run, name)) for name in os.listdir(run)
+           if (m := re.fullmatch(r"seed(\d+)", name)) and os.path.exists(os.path.join(run, name, "metrics.jsonl"))]
+  return sorted(found)
+
+
+def loops_table(reports: list[dict]) -> str:
+  """Per student: how many greedy responses loop, and each model's mean (median) probability of the greedy token
+  inside the loops and elsewhere in those responses."""
+  cell = lambda s: f"{s['mean']:.3f} ({s['median']:.3f})"
+  body = [[f"{'pruned' if r['step'] == 0 else 'distilled'} (step {r['step']})", f"{r['looping']} of {r['responses']}",
+           str(r["in_loop"]["student"]["tokens"]), cell(r["in_loop"]["student"]), cell(r["in_loop"]["teacher"]),
+           cell(r["elsewhere"]["student"]), cell(r["elsewhere"]["teacher"])] for r in reports]
+  return md_table(["student", "greedy responses that loop", "tokens in loops", "in loops: student p", "teacher p",
+                   "elsewhere: student p", "teacher p"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
   """Title -> markdown table for every real-pair file present under results_dir/smollm2."""
   root = os.path.join(results_dir, "smollm2")
   if not os.path.isdir(root):
     return {}
   out = {}
-  run = os.path.join(root, "run")
-  if os.path.exists(os.path.join(run, "metrics.jsonl")):
-    out["smollm2 distillation"] = distillation_table(read_jsonl(os.path.join(run, "metrics.jsonl")))
-    samples = read_jsonl(os.path.join(run, "samples.jsonl"))
+  runs, times = {}, {}
+  for seed, folder in _seed_folders(os.path.join(root, "run")):
+    runs[seed] = read_jsonl(os.path.join(folder, "metrics.jsonl"))
+    if os.path.exists(os.path.join(folder, "time.json")):
+      times[seed] = read_json(os.path.join(folder, "time.json"), "time file")
+  if runs:
+    out["smollm2 distillation"] = distillation_table(list(runs.values()))
+    if len(runs) > 1:
+      out["smollm2 goals"] = goals_table(list(runs.values()))
+      out["smollm2 seeds"] = seeds_table(runs, times)
+    samples = read_jsonl(os.path.join(_seed_folders(os.path.join(root, "run"))[0][1], "samples.jsonl"))
     out["smollm2 samples"] = samples_table(samples)
     if any(s["model"] == "teacher" and "answer" in s for s in samples):
       out["smollm2 capitals samples"] = samples_table(samples, count=4, graded=True)
@@ -168,6 +256,10 @@ def tables(results_dir: str) -> dict[str, str]:
       scans[scan["precision"]] = scan
   if scans:
     out["smollm2 sensitivity"] = sensitivity_table(scans)
+  loops = os.path.join(root, "loops")
+  if os.path.isdir(loops):
+    reports = [read_json(os.path.join(loops, f), "loops file") for f in sorted(os.listdir(loops)) if f.endswith(".json")]
+    out["smollm2 loops"] = loops_table(sorted(reports, key=lambda r: r["step"]))
   if os.path.exists(os.path.join(root, "recipes.jsonl")):
     out["smollm2 recipes"] = recipes_table(read_results(os.path.join(root, "recipes.jsonl")))
   return out
