@@ -27,7 +27,7 @@ def run():
   from opd_jax.experiments.files import write_text
   if _PROMPTS.value < 1:
     raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")
-  rows = admission_k3.measure(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
+  rows = admission_k3.measure(load_rows(_RESULTS.value), common.config_for,
                               num_prompts=_PROMPTS.value, seed=_SEED.value)
   write_text(_OUT.value, "".join(json.dumps(r) + "\n" for r in rows))
   print(f"wrote {len(rows)} admission measurements to {_OUT.value}")

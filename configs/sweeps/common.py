@@ -11,9 +11,11 @@ A non-default argument is appended to the sweep's name ("noise[steps=75]"), so i
 the default run's in one results.jsonl, and rows record steps / lr / objective / seed themselves.
 """
 
+import os
+
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import REPO, parse_arg
 
 PAIRS = ("pair1", "pair2", "pair3")
 REAL_PAIRS = ("smollm2",)  # pairs prepared from a real pretrained model (configs/<name>.py); not in "all"
@@ -36,10 +38,11 @@ def sweep_config(name: str, arg: str | None, default_pairs: tuple[str, ...], poi
   run length (steps=N differing from it is appended to the name)."""
   args = parse_arg(arg, pairs="", steps=default_steps, lr=0.0, objective="", seed=0, only="")
   pairs = PAIRS if args.pairs == "all" else tuple(filter(None, args.pairs.split("+"))) or default_pairs
-  unknown = [p for p in pairs if p not in PAIRS + REAL_PAIRS]
+  unknown = [p for p in pairs if p not in PAIRS + REAL_PAIRS and not os.path.isfile(os.path.join(REPO, "configs",
+                                                                                               f"{p}.py"))]
   if unknown:
     raise ValueError(f"config argument pairs={args.pairs!r}: unknown pair(s) {unknown}; known: "
-                     f"{list(PAIRS + REAL_PAIRS)} or all")
+                     f"{list(PAIRS + REAL_PAIRS)}, all, or the name of a configs/<name>.py of your own pair")
   if args.steps < 1:
     raise ValueError(f"config argument steps={args.steps} must be >= 1")
   overrides = dict(SHORT_RUN + tuple(base))
