@@ -491,3 +491,22 @@ def test_the_k3_conversion_is_measured_per_pair_and_admission_divides_by_it():
   with pytest.raises(InputError, match=r"no measurement of calibration point\(s\) \['pair2/noise_3'\]"):
     build_budget(calibration, tolerance=0.03, relative=False,
                  admission_k3=[m for m in measured if (m["pair"], m["point"]) != ("pair2", "noise_3")])
+
+
+def test_validation_reads_the_real_pairs_quality_and_judges_a_borrowed_budget_by_it():
+  """Held-out rows of a reverse-KL budget: each seed's loss is its final reverse KL's rise over its own baseline's;
+  a budget calibrated elsewhere (accuracy, tolerance 0.05 points) is judged by this pair's own tolerance when
+  given one (the transfer question), by its own otherwise."""
+  from study.analysis.validation import judge
+  seeds = [_with(_kl_rows(s), seed=s, wall_seconds=1.0) for s in (3, 4)]
+  grouped = {g["point"]: g for g in group_seeds([r for rows in seeds for r in rows], "reverse_kl")}
+  top = grouped["noise_9"]
+  rises = [(rows[-1]["final_reverse_kl"] - 0.8) / 0.8 for rows in seeds]
+  assert top["quality"] == "reverse_kl" and top["quality_loss"] == pytest.approx(np.mean(rises))
+  assert [s["final_reverse_kl"] for s in top["seeds"]] == [rows[-1]["final_reverse_kl"] for rows in seeds]
+  borrowed = {"scale": "k3", "budgets": {"pooled": {"budget": 10.0, "interval": [5.0, 20.0],
+                                                    "bootstrap_budgets": [5.0, 10.0, 20.0], "tolerance_abs": 0.05}}}
+  row = {"pair": "smollm2", "measured": 3.0, "quality_loss": top["quality_loss"]}
+  assert top["quality_loss"] > 0.1
+  assert judge(row, borrowed)["admit"] and not judge(row, borrowed, tolerance=0.05)["real_ok"]
+  assert not judge(row, borrowed, tolerance=0.05)["agree"] and judge(row, borrowed, tolerance=1.0)["agree"]

@@ -36,12 +36,14 @@ def is_held_out(pair: str, point: str, fraction: float) -> bool:
   return point != BASELINE and int.from_bytes(digest, "little") / 2.0 ** 64 < fraction
 
 
-def group_seeds(rows: list[dict]) -> list[dict]:
+def group_seeds(rows: list[dict], quality: str = "accuracy") -> list[dict]:
   """Held-out rows (already given deltas against their own sweep's baseline) grouped per (pair, point) over
-  seeds: the seed-mean quality loss and each seed's numbers."""
+  seeds: the seed-mean quality loss (budget_lib.QUALITIES[quality]: the accuracy drop, or the final reverse KL's
+  rise as a fraction of the same seed's baseline) and each seed's numbers."""
+  loss = budget_lib.QUALITIES[quality][1]
   groups: dict[tuple[str, str], list[dict]] = {}
   for row in rows:
-    if row.get("status") == "ok" and "delta_final_accuracy" in row and row["point"] != BASELINE:
+    if budget_lib.has_quality(row, quality) and row["point"] != BASELINE:
       groups.setdefault((row["pair"], row["point"]), []).append(row)
   out = []
   for (pair, point), runs in groups.items():
@@ -53,22 +55,27 @@ def group_seeds(rows: list[dict]) -> list[dict]:
     if len(set(seeds)) != len(seeds):
       raise InputError(f"held-out point {pair}/{point} appears twice with seed(s) {seeds}; pass each seed's "
                        "results once")
-    losses = [-r["delta_final_accuracy"] for r in runs]
-    out.append({**runs[0], "quality_loss": float(np.mean(losses)),
-                "seeds": [{"seed": r.get("seed", 0), "quality_loss": -r["delta_final_accuracy"],
-                           "final_accuracy": r["final_accuracy"], "run_k3": r["mismatch"].get("mismatch/k3")}
-                          for r in sorted(runs, key=lambda r: r.get("seed", 0))],
+    runs = sorted(runs, key=lambda r: r.get("seed", 0))
+    losses = [float(loss(r)) for r in runs]
+    out.append({**runs[0], "quality_loss": float(np.mean(losses)), "quality": quality,
+                "seeds": [{"seed": r.get("seed", 0), "quality_loss": q,
+                           "final_accuracy": r["final_accuracy"], "run_k3": r["mismatch"].get("mismatch/k3"),
+                           **({"final_reverse_kl": r["final_reverse_kl"]} if r.get("final_reverse_kl") is not None
+                              else {})}
+                          for r, q in zip(runs, losses)],
                 "run_k3": float(np.mean([r["mismatch"].get("mismatch/k3", np.nan) for r in runs])),
                 "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs]))})
   return out
 
 
-def judge(row: dict, budget_file: dict) -> dict:
+def judge(row: dict, budget_file: dict, tolerance: float | None = None) -> dict:
   """A held-out configuration (`pair`, `measured`: the admission check's value on the budget file's scale,
   `quality_loss`: the seed-mean loss, optional `steps`) judged as launch/admit.py judges it: admission.admit_value
-  with `budget_file`; the real verdict is the loss against the chosen budget's tolerance."""
+  with `budget_file`; the real verdict is the loss against the chosen budget's tolerance, or against `tolerance`
+  when given (a budget calibrated elsewhere judged by this pair's own quality measure: the transfer question)."""
   result = admission.admit_value(row["measured"], budget_file, row["pair"], row.get("steps"))
-  real_ok = row["quality_loss"] <= budget_file["budgets"][result["budget_source"]]["tolerance_abs"]
+  limit = budget_file["budgets"][result["budget_source"]]["tolerance_abs"] if tolerance is None else tolerance
+  real_ok = row["quality_loss"] <= limit
   return {"measured": result["measured"], "compared": result["compared"], "k3_factor": result["k3_factor"],
           "admit": result["admit"], "real_ok": bool(real_ok), "agree": result["admit"] == real_ok,
           "budget": result["budget"], "budget_source": result["budget_source"],
@@ -103,7 +110,7 @@ def validate(rows: list[dict], load_pair_config, *, holdout_fraction: float, tol
   if heldout:
     if budget_file is None:
       raise InputError("validating given held-out results needs the budget file admission uses (--budget)")
-    held = group_seeds(heldout)
+    held = group_seeds(heldout, budget_file.get("quality", "accuracy"))
     if not held:
       raise InputError("the held-out results have no finished point with a baseline")
     clash = sorted({f"{r['pair']}/{r['point']}" for r in rows for h in held
