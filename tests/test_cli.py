@@ -183,3 +183,18 @@ def test_sample_command_decodes_greedy_with_either_engine_alike():
   outs = [json.loads(r.stdout.strip().splitlines()[-1]) for r in (static, paged)]
   assert outs[0]["tokens"] == outs[1]["tokens"] and len(outs[0]["tokens"]) == 12
   assert np.abs(np.subtract(outs[0]["logprobs"], outs[1]["logprobs"])).max() <= 2e-5
+
+
+def test_a_run_with_the_paged_engine_trains_and_logs_its_statistics(tiny_pair, tmp_path):
+  """rollout.engine=paged through the whole loop (one device: this process's conftest simulates 8, the command
+  gets one): the sampler's log-probs are the learner's (k3 ~ 0, as with the static engine) and every log row
+  carries the engine's statistics."""
+  result = _run("launch/train.py", "--config=configs/pair1.py:runlocal", f"--workdir={tmp_path}",
+                f"--config.teacher={tiny_pair['teacher']}", f"--config.student={tiny_pair['student']}",
+                "--config.rollout.engine=paged", "--config.rollout.page_size=4", "--config.rollout.decode_steps=4",
+                "--config.train.progress_bar=False", "--config.train.export_dtype=")
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [r for r in map(json.loads, f) if "rollout/engine_rounds" in r]
+  assert rows and all(r["rollout/engine_peak_rows"] >= 1 and r["rollout/engine_preempted"] == 0 for r in rows)
+  assert all(abs(r["mismatch/k3"]) < 1e-5 for r in rows)

@@ -85,6 +85,7 @@ def train(config, workdir: str) -> dict:
         metrics.update(preflight)  # the served teacher's preflight, logged with the first interval
       skip_guard.observe(step + 1, metrics["skipped"])
       metrics["rollout/version_lag"] = step - produced.version
+      metrics.update(produced.engine)
       interval.add(metrics, produced)
       version = step + 1
       versions.publish(version, state.params)

@@ -36,12 +36,18 @@ from opd_jax.train import distributed, programs
 from opd_jax.train.step import RolloutBatch
 
 
+# The paged engine's per-batch statistics logged as rollout/engine_<name>: host rounds, decode row-steps (rows x
+# steps computed, finished rows included), preemptions, most sequences live at once, and peak KV bytes in use.
+ENGINE_METRICS = ("rounds", "decode_row_steps", "preempted", "peak_rows", "peak_kv_bytes")
+
+
 @dataclasses.dataclass
 class Produced:
   index: int  # batch number (= the learner step that will consume it)
   version: int  # learner version the sampler used
   batch: RolloutBatch
   data_state: dict  # prompt iterator state after this batch was drawn
+  engine: dict = dataclasses.field(default_factory=dict)  # the paged engine's statistics of this batch (logged)
 
 
 class RolloutProducer:
@@ -72,6 +78,11 @@ class RolloutProducer:
                                                                     rollout.temperature, logits_chunk)
     self._student = student_score or programs.student_score_program(student_graphdef, rollout.temperature,
                                                                     logits_chunk)
+
+  def engine_stats(self) -> dict:
+    """The paged engine's statistics of the latest batch, as metrics (none with the static engine)."""
+    stats = getattr(self.sampler, "last_stats", None) or {}
+    return {f"rollout/engine_{k}": float(stats.get(k, 0)) for k in ENGINE_METRICS} if stats else {}
 
   def produce(self, index: int, version: int, snapshot: dict, prompts: dict) -> RolloutBatch:
     """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters
@@ -140,7 +151,7 @@ class AsyncRollouts:
         prompts = next(self._prompts)
         batch = self._producer.produce(index, version, snapshot, prompts)
         jax.block_until_ready(batch)
-        item = Produced(index, version, batch, self._prompts.get_state())
+        item = Produced(index, version, batch, self._prompts.get_state(), self._producer.engine_stats())
         while not self._stop.is_set():
           try:
             self._queue.put(item, timeout=0.1)

@@ -67,7 +67,7 @@ class WeightVersions:
     else:
       version, snapshot = step, self.snapshot_of(params, step)
     batch = self._producer.produce(step, version, snapshot, next(self._prompts))
-    return Produced(step, version, batch, self._prompts.get_state())
+    return Produced(step, version, batch, self._prompts.get_state(), self._producer.engine_stats())
 
   def publish(self, version: int, params) -> None:
     """The learner's new version, right after its update."""
