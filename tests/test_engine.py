@@ -187,7 +187,7 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   import json
   import subprocess
   import sys
-  out = tmp_path / "engine.json"
+  out = tmp_path / "bench" / "engine.json"
   subprocess.run([sys.executable, "launch/bench/engine.py", "--checkpoint=opd_jax/assets/pair1/student",
                   "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.1",
                   f"--out={out}"], check=True, capture_output=True, text=True)
@@ -198,6 +198,10 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
     assert row["paged"]["row_steps"] <= row["static"]["row_steps"] + 4 * 8  # at most a round of overshoot per row
   capacity = {r["kv_dtype"]: r for r in result["capacity"]}
   assert capacity["bf16"]["static_rows"] < capacity["fp8_e4m3"]["static_rows"] < capacity["int4"]["static_rows"]
+  from study.tables import bench  # what docs render from results/bench/engine.json
+  rendered = bench.tables(str(tmp_path))
+  assert rendered["rollout engines: static vs paged"].count("\n| longtail | ") == 2
+  assert "| int4 | 120 |" in rendered["rollout engines: sequences in one KV budget"]
 
 
 def test_concurrent_sequences_in_a_kv_budget():

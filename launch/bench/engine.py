@@ -60,8 +60,9 @@ def _chat_prompts(path: str, count: int) -> list[list[int]]:
   return [encode_prompt(tokenizer, r["prompt"], True) for r in rows]
 
 
-def _static_runner(graphdef, state, sampling, prompts, keys, rows):
-  """Decode the prompts in batches of `rows` with the static sampler; returns (call, stats of the last call)."""
+def _static_runner(graphdef, state, sampling, prompts, keys, rows, token_bytes):
+  """Decode the prompts in batches of `rows` with the static sampler; returns (call, stats of the last call).
+  Its KV cache: every row reserves the longest prompt plus the cap, `token_bytes` per token."""
   import numpy as np
 
   from opd_jax.rollout.sampler import Sampler, left_pad
@@ -78,7 +79,8 @@ def _static_runner(graphdef, state, sampling, prompts, keys, rows):
       mask = np.asarray(out.mask_BxN)
       useful += int(mask.sum())
       row_steps += len(tokens) * int(mask.sum(axis=1).max())  # every row steps until the longest ends
-    stats.update(useful_tokens=useful, row_steps=row_steps, compiles=sampler._fn._cache_size())
+    stats.update(useful_tokens=useful, row_steps=row_steps, compiles=sampler._fn._cache_size(),
+                 peak_kv_bytes=min(rows, len(prompts)) * (width + sampling.max_new_tokens) * token_bytes)
     return useful
   return call, stats
 
@@ -108,8 +110,8 @@ def _timed(runners: dict, repeats: int) -> dict:
   return {name: sorted(t)[(len(t) - 1) // 2] for name, t in times.items()}
 
 
-def _compare(name, graphdef, state, sampling, prompts, keys, engine_config) -> dict:
-  runners = {"static": _static_runner(graphdef, state, sampling, prompts, keys, _ROWS.value),
+def _compare(name, graphdef, state, sampling, prompts, keys, engine_config, token_bytes) -> dict:
+  runners = {"static": _static_runner(graphdef, state, sampling, prompts, keys, _ROWS.value, token_bytes),
              "paged": _paged_runner(graphdef, state, sampling, prompts, keys, engine_config)}
   seconds = _timed(runners, _REPEATS.value)
   row = {"workload": name, "requests": len(prompts), "rows": _ROWS.value, "new_tokens": sampling.max_new_tokens}
@@ -169,6 +171,7 @@ def run():
 
   from opd_jax.models import load_pretrained
   from opd_jax.rollout.engine import EngineConfig
+  from opd_jax.rollout.kv_cache import kv_bytes_per_token
   from opd_jax.rollout.sampler import SamplingConfig
   path = _checkpoint(_CHECKPOINT.value)
   model = load_pretrained(path)
@@ -176,7 +179,12 @@ def run():
   mc = model.config
   eos = tuple(mc.eos_token_id) if mc.eos_token_id else ()
   keys = jax.vmap(lambda q: jax.random.fold_in(jax.random.key(0), q))(jnp.arange(_REQUESTS.value))
-  result = {"checkpoint": path, "backend": jax.default_backend(), "devices": jax.device_count()}
+  import sys
+  result = {"checkpoint": path, "checkpoint_name": os.path.basename(os.path.normpath(path)),
+            "backend": jax.default_backend(), "devices": jax.device_count(), "args": sys.argv[1:],
+            "cpu_count": os.cpu_count()}
+  token_bytes = kv_bytes_per_token(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
+                                   head_dim=mc.head_dim, kv_dtype="native", native_bytes=4)  # float32 model
   chat = _chat_prompts(path, _REQUESTS.value) if {"longtail", "capacity"} & set(_WORKLOADS.value) else None
   engine_for = lambda prompts: EngineConfig(page_size=_PAGE.value, max_rows=_ROWS.value, decode_steps=_STEPS.value,
                                             prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
@@ -184,10 +192,10 @@ def run():
   if "equal" in _WORKLOADS.value:
     prompts = np.random.RandomState(0).randint(3, mc.vocab_size, (_REQUESTS.value, _PROMPT.value)).tolist()
     sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=0.0, eos_ids=(), pad_id=0)
-    result["equal"] = _compare("equal", graphdef, state, sampling, prompts, keys, engine_for(prompts))
+    result["equal"] = _compare("equal", graphdef, state, sampling, prompts, keys, engine_for(prompts), token_bytes)
   if "longtail" in _WORKLOADS.value:
     sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
-    result["longtail"] = _compare("longtail", graphdef, state, sampling, chat, keys, engine_for(chat))
+    result["longtail"] = _compare("longtail", graphdef, state, sampling, chat, keys, engine_for(chat), token_bytes)
   if "capacity" in _WORKLOADS.value:
     sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
     result["capacity"] = _capacity(graphdef, state, sampling, chat, keys, mc)

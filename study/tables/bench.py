@@ -97,6 +97,33 @@ def precision_floor_table(floor: dict) -> str:
   return md_table(["sampler compute", "learner compute", *(f"k3, weights {w}" for w in recipes)], body)
 
 
+def engine_table(result: dict) -> str:
+  """launch/bench/engine.py --out: static vs paged engine per workload (useful tokens per second, row-steps
+  computed, compiles, peak KV bytes)."""
+  body = []
+  for workload in ("equal", "longtail"):
+    if workload not in result:
+      continue
+    row = result[workload]
+    for engine in ("static", "paged"):
+      r = row[engine]
+      body.append([workload, engine, f"{r['useful_tokens']}", f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}",
+                   f"{r['row_steps']}", f"{r['compiles']}", f"{r['peak_kv_bytes'] / 2 ** 20:.1f}"
+                   if "peak_kv_bytes" in r else "-",
+                   f"{row['paged_vs_static']:.2f}x" if engine == "paged" else ""])
+  return md_table(["workload", "engine", "useful tokens", "seconds", "useful tokens / s", "row-steps computed",
+                   "compiles", "peak KV MiB", "paged / static"], body)
+
+
+def engine_capacity_table(result: dict) -> str:
+  """Sequences held at once in one KV budget, per KV dtype: static reservation, the paged engine's measured peak,
+  and what rollout.memory.concurrent_sequences predicts."""
+  body = [[r["kv_dtype"], f"{r['bytes_per_token']}", f"{r['static_rows']}", f"{r['paged_peak_rows']}",
+           f"{r['paged_rows_predicted']}", f"{r['paged_rows_vs_bf16']:.2f}x"] for r in result["capacity"]]
+  return md_table(["KV dtype", "bytes per token", "static rows", "paged rows (measured peak)",
+                   "paged rows (predicted)", "paged rows vs bf16"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
   out = {}
   for path in sorted(glob.glob(os.path.join(results_dir, "precision_floor_*.json"))):
@@ -123,6 +150,16 @@ def tables(results_dir: str) -> dict[str, str]:
         if mode == "eos_off" and any("decode_gflops" in r for r in run):
           out[f"{title}, roofline"] = roofline_table(run)
           SOURCES[f"{title}, roofline"] = SAMPLER
+  engine = os.path.join(results_dir, "bench", "engine.json")
+  if os.path.exists(engine):
+    result = read_json(engine, "engine benchmark file")
+    command = ("launch/bench/engine.py " + " ".join(result.get("args", []))).strip()
+    for title, table in (("rollout engines: static vs paged", engine_table(result)),
+                         ("rollout engines: sequences in one KV budget", engine_capacity_table(result)
+                          if "capacity" in result else None)):
+      if table is not None:
+        out[title], SOURCES[title] = table, "results/bench/engine.json"
+        CAPTIONS[title] = f"{command} on {result['backend']} ({result['checkpoint_name']}); medians of timed rounds"
   bench_dir = os.path.join(results_dir, "bench")
   if os.path.isdir(bench_dir):
     for name in sorted(os.listdir(bench_dir)):
