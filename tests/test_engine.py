@@ -188,6 +188,7 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   import subprocess
   import sys
   out = tmp_path / "bench" / "engine.json"
+  out.parent.mkdir()
   subprocess.run([sys.executable, "launch/bench/engine.py", "--checkpoint=opd_jax/assets/pair1/student",
                   "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.1",
                   f"--out={out}"], check=True, capture_output=True, text=True)

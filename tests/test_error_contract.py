@@ -76,6 +76,7 @@ CASES = [
     # bench/compare.py
     ("compare_no_rev", "launch/bench/compare.py", "--rev is required"),
     ("engine_bench_checkpoint", "launch/bench/engine.py", "--checkpoint={d}/none", "has no config.json"),
+    ("engine_bench_out_folder", "launch/bench/engine.py", "--out={d}/nope/e.json", "folder"),
     ("compare_bad_rev", "launch/bench/compare.py", "--rev=no-such-revision", "give --rev as a commit"),
     # serve_teacher.py
     ("serve_no_model", "launch/serve_teacher.py", "give exactly one of --config"),

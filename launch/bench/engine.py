@@ -173,6 +173,10 @@ def run():
   from opd_jax.rollout.engine import EngineConfig
   from opd_jax.rollout.kv_cache import kv_bytes_per_token
   from opd_jax.rollout.sampler import SamplingConfig
+  from opd_jax.errors import InputError
+  folder = os.path.dirname(os.path.abspath(_OUT.value)) if _OUT.value else ""
+  if folder and not os.path.isdir(folder):
+    raise InputError(f"--out={_OUT.value}: folder {folder} does not exist; create it or write elsewhere")
   path = _checkpoint(_CHECKPOINT.value)
   model = load_pretrained(path)
   graphdef, state = nnx.split(model)
