@@ -213,7 +213,9 @@ def loops_table(reports: list[dict]) -> str:
   """Per student: how many greedy responses loop, and each model's mean (median) probability of the greedy token
   inside the loops and elsewhere in those responses."""
   cell = lambda s: f"{s['mean']:.3f} ({s['median']:.3f})"
-  body = [[f"{'pruned' if r['step'] == 0 else 'distilled'} (step {r['step']})", f"{r['looping']} of {r['responses']}",
+  seed = lambda r: (m.group(1) if (m := re.search(r"seed(\d+)", r["samples"])) else "?")
+  name = lambda r: "pruned (step 0)" if r["step"] == 0 else f"distilled (step {r['step']}, seed {seed(r)})"
+  body = [[name(r), f"{r['looping']} of {r['responses']}",
            str(r["in_loop"]["student"]["tokens"]), cell(r["in_loop"]["student"]), cell(r["in_loop"]["teacher"]),
            cell(r["elsewhere"]["student"]), cell(r["elsewhere"]["teacher"])] for r in reports]
   return md_table(["student", "greedy responses that loop", "tokens in loops", "in loops: student p", "teacher p",
@@ -259,7 +261,7 @@ def tables(results_dir: str) -> dict[str, str]:
   loops = os.path.join(root, "loops")
   if os.path.isdir(loops):
     reports = [read_json(os.path.join(loops, f), "loops file") for f in sorted(os.listdir(loops)) if f.endswith(".json")]
-    out["smollm2 loops"] = loops_table(sorted(reports, key=lambda r: r["step"]))
+    out["smollm2 loops"] = loops_table(sorted(reports, key=lambda r: (r["step"], r["samples"])))
   if os.path.exists(os.path.join(root, "recipes.jsonl")):
     out["smollm2 recipes"] = recipes_table(read_results(os.path.join(root, "recipes.jsonl")))
   return out
