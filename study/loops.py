@@ -1,7 +1,7 @@
 """At the distilled student's greedy loops, does the teacher continue the loop too? (issue 35, repetition)
 
   python -m study.loops --config=configs/smollm2.py --student=runs/smollm2/export \
-      --samples=results/smollm2/run/seed0/samples.jsonl --out=results/smollm2/loops.json
+      --samples=results/smollm2/run/seed0/samples.jsonl --out=results/smollm2/loops/seed0_step300.json
 
 Reads the student's greedy held-out responses at --step (default: the last evaluation in --samples), re-tokenizes
 them, and teacher-forces the student (--student, an HF directory; the pruned student with --step=0) and the
