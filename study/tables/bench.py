@@ -99,29 +99,33 @@ def precision_floor_table(floor: dict) -> str:
 
 def engine_table(result: dict) -> str:
   """launch/bench/engine.py --out: static vs paged engine per workload (useful tokens per second, row-steps
-  computed, compiles, peak KV bytes)."""
+  computed, compiles, peak KV bytes); on the long tail also the paged engine with more rows in the static batches'
+  KV memory."""
   body = []
+  names = {"static": "static", "paged": "paged, same rows", "paged_same_memory": "paged, same KV memory"}
   for workload in ("equal", "longtail"):
     if workload not in result:
       continue
     row = result[workload]
-    for engine in ("static", "paged"):
+    for engine in (e for e in names if e in row):
       r = row[engine]
-      body.append([workload, engine, f"{r['useful_tokens']}", f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}",
-                   f"{r['row_steps']}", f"{r['compiles']}", f"{r['peak_kv_bytes'] / 2 ** 20:.1f}"
-                   if "peak_kv_bytes" in r else "-",
-                   f"{row['paged_vs_static']:.2f}x" if engine == "paged" else ""])
-  return md_table(["workload", "engine", "useful tokens", "seconds", "useful tokens / s", "row-steps computed",
-                   "compiles", "peak KV MiB", "paged / static"], body)
+      body.append([workload, names[engine], f"{r.get('rows', row['rows'])}", f"{r['useful_tokens']}",
+                   f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['row_steps']}", f"{r['compiles']}",
+                   f"{r['peak_kv_bytes'] / 2 ** 20:.1f}" if "peak_kv_bytes" in r else "-",
+                   f"{row[f'{engine}_vs_static']:.2f}x" if engine != "static" else ""])
+  return md_table(["workload", "engine", "rows", "useful tokens", "seconds", "useful tokens / s", "row-steps computed",
+                   "compiles", "peak KV MiB", "vs static"], body)
 
 
 def engine_capacity_table(result: dict) -> str:
-  """Sequences held at once in one KV budget, per KV dtype: static reservation, the paged engine's measured peak,
-  and what rollout.memory.concurrent_sequences predicts."""
-  body = [[r["kv_dtype"], f"{r['bytes_per_token']}", f"{r['static_rows']}", f"{r['paged_peak_rows']}",
-           f"{r['paged_rows_predicted']}", f"{r['paged_rows_vs_bf16']:.2f}x"] for r in result["capacity"]]
-  return md_table(["KV dtype", "bytes per token", "static rows", "paged rows (measured peak)",
-                   "paged rows (predicted)", "paged rows vs bf16"], body)
+  """Sequences held at once in one KV budget, per KV dtype: the static reservation; the paged engine's mean live
+  rows while requests waited (its peak and preemptions beside), what rollout.memory.concurrent_sequences predicts,
+  and the ratio to bf16 next to the bytes-per-token ratio that bounds it."""
+  body = [[r["kv_dtype"], f"{r['bytes_per_token']}", f"{r['static_rows']}", f"{r['paged_mean_rows']:.1f}",
+           f"{r['paged_peak_rows']}", f"{r['preempted']}", f"{r['paged_rows_predicted']}",
+           f"{r['paged_rows_vs_bf16']:.2f}x", f"{r['bytes_vs_bf16']:.2f}x"] for r in result["capacity"]]
+  return md_table(["KV dtype", "bytes per token", "static rows", "paged rows held when full (mean)", "paged peak",
+                   "preempted", "paged rows (predicted)", "paged rows vs bf16", "tokens per byte vs bf16"], body)
 
 
 def tables(results_dir: str) -> dict[str, str]:
