@@ -136,6 +136,8 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.rollout.engine_rows = 0  # paged: rows decoded at once; 0 = the batch's
   c.rollout.decode_steps = 8  # paged: decode steps per host round trip
   c.rollout.kv_pages = 0  # paged: pages in the KV pool; 0 = room for every row at its longest
+  # paged + async: rows running when a new version is published continue on it (each token's version lag logged)
+  c.rollout.inflight_updates = False
   # How decoding reads the sampler's weights: auto (dense_layers on CPU, stored on GPU / TPU) | stored (as
   # stored: quantized, stacked; no copy held) | dense_layers (a dense per-layer copy per generate call: XLA:CPU)
   c.rollout.weight_layout = "auto"

@@ -198,3 +198,24 @@ def test_a_run_with_the_paged_engine_trains_and_logs_its_statistics(tiny_pair, t
     rows = [r for r in map(json.loads, f) if "rollout/engine_rounds" in r]
   assert rows and all(r["rollout/engine_peak_rows"] >= 1 and r["rollout/engine_preempted"] == 0 for r in rows)
   assert all(abs(r["mismatch/k3"]) < 1e-5 for r in rows)
+
+
+def test_an_async_run_with_inflight_updates_logs_each_tokens_version_lag(tiny_pair, tmp_path):
+  """rollout.inflight_updates=True (async, paged): every log row carries the tokens' version lag (within
+  train.max_staleness) and the k3 of the tokens at each lag; the tokens drawn by the learner's own version have
+  k3 ~ 0 (no other knob), and the lag buckets' shares add up to 1. Sync mode refuses the flag in one line."""
+  common = ("launch/train.py", "--config=configs/pair1.py:runlocal", f"--config.teacher={tiny_pair['teacher']}",
+            f"--config.student={tiny_pair['student']}", "--config.rollout.engine=paged",
+            "--config.rollout.page_size=4", "--config.rollout.decode_steps=2", "--config.rollout.inflight_updates=True",
+            "--config.train.progress_bar=False", "--config.train.export_dtype=")
+  inflight, sync = _run_together((*common, f"--workdir={tmp_path / 'async'}", "--config.train.mode=async",
+                                  "--config.train.max_staleness=2"), (*common, f"--workdir={tmp_path / 'sync'}"))
+  assert inflight.returncode == 0, inflight.stderr[-3000:]
+  with open(tmp_path / "async" / "metrics.jsonl") as f:
+    rows = [r for r in map(json.loads, f) if "mismatch/token_version_lag" in r]
+  assert rows and all(0 <= r["mismatch/token_version_lag"] <= 2 for r in rows)
+  for r in rows:
+    shares = [r[f"mismatch_lag/tokens_lag{name}"] for name in ("0", "1", "2", "3+")]
+    assert abs(sum(shares) - 1) < 1e-5 and shares[3] == 0 and "rollout/engine_weight_updates" in r
+    assert abs(r["mismatch_lag/k3_lag0"]) < 1e-5  # drawn by the weights the learner scores with
+  assert sync.returncode == 2 and "error: rollout.inflight_updates=True applies to train.mode='async'" in sync.stderr

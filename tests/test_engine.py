@@ -117,6 +117,35 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   np.testing.assert_array_equal(np.asarray(roomy.tokens_BxN), np.asarray(crowded.tokens_BxN))
 
 
+def test_inflight_weight_update_switches_running_rows_and_records_each_tokens_version(tiny_checkpoints):
+  """Version 5 arrives before the third round: the tokens drawn before it are version 4's (equal to a run on
+  version 4 alone), every later token is version 5's, running rows switch mid-response, and a request admitted
+  after the switch draws exactly what a run on version 5 alone draws for it (per-request keys)."""
+  sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, eos_ids=(EOS,), pad_id=PAD)
+  graphdef, old = nnx.split(load_pretrained(tiny_checkpoints["llama"]))
+  new = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape, x.dtype), old)
+  prompts, keys = _prompts(), _keys(11)
+  roomy = dataclasses.replace(SMALL, num_pages=80)  # no preemption: a rerun would redraw under the new version
+  engine = PagedEngine(graphdef, sampling, roomy)
+  rounds = iter(range(1000))
+  weights = lambda: (5, new) if next(rounds) >= 2 else (4, old)
+  out, stats = engine.generate(old, prompts, keys, version=4, weights=weights)
+  only_old, _ = engine.generate(old, prompts, keys)
+  only_new, _ = engine.generate(new, prompts, keys)
+  version, mask = np.asarray(out.version_BxN), np.asarray(out.mask_BxN) > 0
+  assert stats["weight_updates"] == 1 and set(np.unique(version[mask])) == {4, 5} and (version[~mask] == -1).all()
+  assert (np.diff(np.where(mask, version, 5), axis=1) >= 0).all()  # a response never goes back to older weights
+  switched = [q for q in range(11) if {4, 5} <= set(version[q][mask[q]])]
+  assert switched  # rows running at the update continued on the new weights
+  tokens = np.asarray(out.tokens_BxN)
+  assert any((version[q][mask[q]] == 5).all() for q in range(11))
+  for q in range(11):
+    first = int(np.argmax(version[q] == 5)) if (version[q] == 5).any() else N
+    assert tokens[q, :first].tolist() == np.asarray(only_old.tokens_BxN)[q, :first].tolist()
+    if (version[q][mask[q]] == 5).all():  # admitted after the switch: version 1's own response
+      assert tokens[q].tolist() == np.asarray(only_new.tokens_BxN)[q].tolist()
+
+
 @pytest.mark.parametrize("prompt_len", [11, 8, 3])  # a partial last page; whole pages only; one partial page
 def test_a_group_shares_its_prompt_pages_and_draws_the_static_samplers_tokens(tiny_checkpoints, prompt_len):
   """samples_per_prompt=4: each group's prompt is prefilled once, its rows share the full prompt pages and copy
@@ -202,10 +231,10 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   result = json.loads(out.read_text())
   for workload in ("equal", "longtail"):
     row = result[workload]
-    assert row["static"]["useful_tokens"] == row["paged"]["useful_tokens"] > 0
+    assert row["static"]["useful_tokens"] == row["paged"]["useful_tokens"] > 0 and row["paged"]["same_tokens"] == 1.0
     assert row["paged"]["row_steps"] <= row["static"]["row_steps"] + 4 * 8  # at most a round of overshoot per row
   same_memory = result["longtail"]["paged_same_memory"]  # twice the rows in the static batches' KV bytes
-  assert same_memory["useful_tokens"] == result["longtail"]["static"]["useful_tokens"] and same_memory["rows"] == 8
+  assert same_memory["same_tokens"] == 1.0 and same_memory["rows"] == 8
   from launch.bench._inputs import chat_prompts
   longest = max(map(len, chat_prompts("opd_jax/assets/pair1/student", 8)))
   assert same_memory["pool_pages"] == 1 + 4 * (longest + 16) // 16
@@ -224,3 +253,22 @@ def test_concurrent_sequences_in_a_kv_budget():
   from opd_jax.rollout.memory import concurrent_sequences
   fits = concurrent_sequences(16_000, prompt_tokens=64, max_new_tokens=256, mean_tokens=150, page_size=16)
   assert fits == {"static": 50, "paged": 1000 // 10}
+
+
+def test_the_engines_sweep_points_are_valid_main_pair1_runs():
+  """configs/sweeps/engines.py: the main command's 700 steps for each engine; the in-flight point is async."""
+  from configs import pair1
+  from configs.sweeps import engines
+  from opd_jax.experiments.sweep import set_field
+  from opd_jax.spec.run_spec import RunSpec
+  sweep = engines.get_config("seed=2")
+  specs = {}
+  for name, overrides in sweep.points:
+    config = pair1.get_config()
+    for field, value in {**dict(sweep.base_overrides), **dict(overrides)}.items():
+      set_field(config, field, value)
+    specs[name] = RunSpec.from_config(config, device_count=1)
+  assert {n: (s.rollout.engine, s.train.mode, s.rollout.inflight_updates) for n, s in specs.items()} == {
+      "static": ("static", "sync", False), "paged": ("paged", "sync", False),
+      "paged_async_inflight": ("paged", "async", True)}
+  assert all(s.train.steps == pair1.get_config().train.steps == 700 and s.seed == 2 for s in specs.values())

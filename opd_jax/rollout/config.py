@@ -47,6 +47,10 @@ class RolloutConfig:
   engine_rows: int = 0
   decode_steps: int = 8
   kv_pages: int = 0
+  # Async mode with the paged engine: rows still running when the learner publishes a new version continue on it
+  # from their next token (PipelineRL-style; each token's version is recorded and its lag logged on the one
+  # scale), instead of finishing on the version they started with.
+  inflight_updates: bool = False
   # How decoding reads the sampler's weights: stored (as stored), dense_layers (a dense per-layer copy made once
   # per generate call), auto (dense_layers on CPU, stored elsewhere). Speed and transient memory only
   # (SamplingConfig.weight_layout).
@@ -64,6 +68,9 @@ class RolloutConfig:
     for name in ("engine_rows", "kv_pages"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
         raise InputError(f"rollout.{name} must be an integer >= 0 (0 = automatic), got {getattr(self, name)!r}")
+    if self.inflight_updates and self.engine != "paged":
+      raise InputError("rollout.inflight_updates=True needs rollout.engine='paged' (the static engine decodes a "
+                       "batch in one program and cannot take new weights mid-batch)")
     if not isinstance(self.staleness_steps, int) or self.staleness_steps < 0:
       raise InputError(f"rollout.staleness_steps must be an integer >= 0, got {self.staleness_steps!r}")
     if not self.noise_sigma >= 0:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -217,9 +218,15 @@ class PagedEngine:
     jax.block_until_ready(pools)
     return sum(self.traces.values())
 
-  def generate(self, state, prompts: list[list[int]], keys=None) -> tuple[SampleOutput, dict]:
+  def generate(self, state, prompts: list[list[int]], keys=None, *, version: int = 0,
+               weights: Callable[[], tuple[int, Any]] | None = None) -> tuple[SampleOutput, dict]:
     """SampleOutput [Q, N] for the prompts (token-id lists, no padding), in order; keys: [Q] keys (one per request;
-    default fold_in(key(0), q)). Returns (output, stats)."""
+    default fold_in(key(0), q)). Returns (output, stats).
+
+    In-flight weight updates: `weights()` -> (version, state) is asked before every round; when it has a newer
+    version than the one drawing, that version draws every token from then on, running rows included (their KV
+    cache stays as the older weights computed it, as in PipelineRL). The output's version_BxN holds each token's
+    version (`version` is the first state's)."""
     engine, sampling, N = self.engine, self.sampling, self.sampling.max_new_tokens
     for q, prompt in enumerate(prompts):
       if not 1 <= len(prompt) <= engine.max_prompt_tokens:
@@ -227,17 +234,22 @@ class PagedEngine:
                          " (engine max_prompt_tokens)")
     if keys is None:
       keys = jax.vmap(lambda q: jax.random.fold_in(jax.random.key(0), q))(jnp.arange(len(prompts)))
-    state = self._dense(state) if sampling.weight_layout == "dense_layers" else state
+    prepare = lambda state: self._dense(state) if sampling.weight_layout == "dense_layers" else state
+    state = prepare(state)
     cache = self._init_pools(state)
     pools = cache.pools()
     plan = Scheduler(prompts, sampling.samples_per_prompt, rows=engine.max_rows, page_size=engine.page_size,
                      decode_steps=engine.decode_steps, num_pages=cache.num_pages,
                      headroom=int(engine.admit_headroom * (cache.num_pages - 1)))
     outputs = Outputs(len(prompts), N, min(sampling.logits_top_k, self._model(state).config.vocab_size),
-                      sampling.pad_id)
+                      sampling.pad_id, version)
     stats = collections.Counter()
     peak_pages = peak_rows = 0
     while plan.queue or plan.live():
+      newest, new_state = weights() if weights is not None else (version, None)
+      if newest > outputs.version:
+        outputs.version, state = newest, prepare(new_state)
+        stats["weight_updates"] += 1
       admitted = plan.admit()
       if admitted:
         pools = self._prefill_units(state, pools, plan, admitted, keys, outputs, stats)
@@ -256,7 +268,7 @@ class PagedEngine:
                  compiles=sum(self.traces.values()))
     top = () if outputs.top is None else tuple(map(jnp.asarray, outputs.top))
     return SampleOutput(jnp.asarray(outputs.tokens), jnp.asarray(outputs.mask), jnp.asarray(outputs.logps),
-                        *top), dict(stats)
+                        *(top or (None, None)), version_BxN=jnp.asarray(outputs.versions)), dict(stats)
 
   def _decode_round(self, state, pools, plan: Scheduler, live: list[int], keys, outputs: Outputs, stats):
     """D decode steps over every row; the live rows' tokens into the outputs; rows that ended retire."""
@@ -349,11 +361,12 @@ class PagedSampler:
     self.engine = PagedEngine(graphdef, config, engine)
     self.last_stats: dict = {}
 
-  def __call__(self, state, prompt_BxP, prompt_valid_BxP, key) -> SampleOutput:
+  def __call__(self, state, prompt_BxP, prompt_valid_BxP, key, *, version: int = 0, weights=None) -> SampleOutput:
+    """version / weights: in-flight weight updates (`PagedEngine.generate`)."""
     tokens_BxP, valid_BxP = np.asarray(prompt_BxP), np.asarray(prompt_valid_BxP).astype(bool)
     prompts = [row[valid].tolist() for row, valid in zip(tokens_BxP, valid_BxP)]
     keys_B = key if key.ndim == 1 else jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(len(prompts)))
-    out, self.last_stats = self.engine.generate(state, prompts, keys_B)
+    out, self.last_stats = self.engine.generate(state, prompts, keys_B, version=version, weights=weights)
     return out
 
 

@@ -96,6 +96,9 @@ class SampleOutput:
   # K = V this is the sampler's whole distribution (for exact vocabulary-level mismatch metrics).
   top_logprobs_BxNxK: jax.Array | None = None
   top_ids_BxNxK: jax.Array | None = None
+  # int32 weight version that drew each token (-1 past the response); only from the paged engine, whose weights
+  # may change between its rounds (in-flight updates)
+  version_BxN: jax.Array | None = None
 
 
 def _filter_logits(logits_BxV: jax.Array, config: SamplingConfig) -> jax.Array:

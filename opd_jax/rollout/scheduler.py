@@ -67,22 +67,25 @@ class PagePool:
 
 
 class Outputs:
-  """[Q, N] tokens, log-probs and mask (and [Q, N, K] top-k log-probs and ids), filled as rows draw tokens."""
+  """[Q, N] tokens, log-probs, mask and the weight version that drew each token (-1: none), and [Q, N, K] top-k
+  log-probs and ids, filled as rows draw tokens; `version` is the weights drawing now."""
 
-  def __init__(self, Q: int, N: int, K: int, pad_id: int):
-    self.pad_id = pad_id
+  def __init__(self, Q: int, N: int, K: int, pad_id: int, version: int = 0):
+    self.pad_id, self.version = pad_id, version
     self.tokens, self.logps, self.mask = (np.full((Q, N), pad_id, np.int32), np.zeros((Q, N), np.float32),
                                           np.zeros((Q, N), np.float32))
+    self.versions = np.full((Q, N), -1, np.int32)
     self.top = (np.zeros((Q, N, K), np.float32), np.zeros((Q, N, K), np.int32)) if K else None
 
   def put(self, q: int, start: int, tokens, logps, top=None) -> None:
     n = len(tokens)
     self.tokens[q, start:start + n], self.logps[q, start:start + n], self.mask[q, start:start + n] = tokens, logps, 1
+    self.versions[q, start:start + n] = self.version
     if self.top is not None:
       self.top[0][q, start:start + n], self.top[1][q, start:start + n] = top
 
   def reset(self, q: int) -> None:
-    self.tokens[q], self.logps[q], self.mask[q] = self.pad_id, 0.0, 0.0
+    self.tokens[q], self.logps[q], self.mask[q], self.versions[q] = self.pad_id, 0.0, 0.0, -1
     if self.top is not None:
       self.top[0][q], self.top[1][q] = 0.0, 0
 

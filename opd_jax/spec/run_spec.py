@@ -60,6 +60,13 @@ class RunSpec:
     if train.mode == "async" and rollout.staleness_steps:
       raise InputError("rollout.staleness_steps is a sync-mode knob; in async mode staleness comes from the "
                        "producer running ahead (bounded by train.max_staleness)")
+    if rollout.inflight_updates and train.mode != "async":
+      raise InputError("rollout.inflight_updates=True applies to train.mode='async' (in sync mode every batch is "
+                       "sampled by one version); set the mode or drop the flag")
+    if rollout.inflight_updates and rollout.keeps_dense_copies(lagged=True):
+      raise InputError("rollout.inflight_updates=True with a weight / KV / noise recipe needs "
+                       "rollout.split_mismatch=False: the split's dense copy is one version, in-flight tokens "
+                       "come from several")
     data = DataSpec.from_section(config.data, check_files=models is None)
     optimizer = OptimizerSpec.from_section(config.optimizer)
     mesh, served = MeshSpec.from_section(config.mesh), ServedSpec.from_section(config.served_teacher)

@@ -37,8 +37,9 @@ from opd_jax.train.step import RolloutBatch
 
 
 # The paged engine's per-batch statistics logged as rollout/engine_<name>: host rounds, decode row-steps (rows x
-# steps computed, finished rows included), preemptions, most sequences live at once, and peak KV bytes in use.
-ENGINE_METRICS = ("rounds", "decode_row_steps", "preempted", "peak_rows", "peak_kv_bytes")
+# steps computed, finished rows included), preemptions, most sequences live at once, peak KV bytes in use, and new
+# weight versions taken mid-batch (rollout.inflight_updates).
+ENGINE_METRICS = ("rounds", "decode_row_steps", "preempted", "peak_rows", "peak_kv_bytes", "weight_updates")
 
 
 @dataclasses.dataclass
@@ -84,13 +85,16 @@ class RolloutProducer:
     stats = getattr(self.sampler, "last_stats", None) or {}
     return {f"rollout/engine_{k}": float(stats.get(k, 0)) for k in ENGINE_METRICS} if stats else {}
 
-  def produce(self, index: int, version: int, snapshot: dict, prompts: dict) -> RolloutBatch:
+  def produce(self, index: int, version: int, snapshot: dict, prompts: dict, latest=None) -> RolloutBatch:
     """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters
-    (only when the mismatch split is on)}."""
+    (only when the mismatch split is on)}. latest: with rollout.inflight_updates, () -> (newest version, its
+    sampler weights), which the paged engine asks between rounds; the batch then records each token's lag."""
     if self.group_size > 1:  # rows g*G .. g*G + G - 1 answer the same prompt
       prompts = {k: np.repeat(v, self.group_size, axis=0) for k, v in prompts.items()}
+    inflight = {"version": version, "weights": latest} if latest is not None else {}
     out = self.sampler(snapshot["sampler"], self.put_sampler_batch(prompts["prompt_BxP"]),
-                       self.put_sampler_batch(prompts["prompt_valid_BxP"]), jax.random.fold_in(self.key, index))
+                       self.put_sampler_batch(prompts["prompt_valid_BxP"]), jax.random.fold_in(self.key, index),
+                       **inflight)
     if self.learner_rows is not None:  # the sampler's rows -> the learner's (on its own devices, if it has any)
       out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
@@ -112,7 +116,8 @@ class RolloutProducer:
                         teacher_hidden_BxRxD=teacher.hidden_BxRxD, teacher_top_logprobs_BxRxK=teacher.top_logp_BxRxK,
                         teacher_top_ids_BxRxK=teacher.top_ids_BxRxK, sampler_top_logprobs_BxRxK=out.top_logprobs_BxNxK,
                         sampler_top_ids_BxRxK=out.top_ids_BxNxK, snapshot_logp_BxR=snapshot_logp, reward_B=reward,
-                        teacher_route_BxN=route_BxN)
+                        teacher_route_BxN=route_BxN,
+                        version_lag_BxR=None if latest is None else (index - out.version_BxN).astype(np.float32))
 
 
 class AsyncRollouts:
@@ -138,6 +143,11 @@ class AsyncRollouts:
       self._latest = (version, snapshot)
       self._cond.notify_all()
 
+  def _latest_sampler(self) -> tuple[int, object]:
+    """(newest published version, its sampler weights): what the paged engine asks between rounds."""
+    with self._cond:
+      return self._latest[0], self._latest[1]["sampler"]
+
   def _run(self) -> None:
     try:
       while not self._stop.is_set():
@@ -149,7 +159,8 @@ class AsyncRollouts:
         if self._stop.is_set():
           return
         prompts = next(self._prompts)
-        batch = self._producer.produce(index, version, snapshot, prompts)
+        batch = self._producer.produce(index, version, snapshot, prompts,
+                                       self._latest_sampler if self._producer.rollout.inflight_updates else None)
         jax.block_until_ready(batch)
         item = Produced(index, version, batch, self._prompts.get_state(), self._producer.engine_stats())
         while not self._stop.is_set():

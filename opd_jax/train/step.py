@@ -65,6 +65,7 @@ class RolloutBatch:
   snapshot_logp_BxR: jax.Array | None = None
   reward_B: jax.Array | None = None  # grader reward of each response (grpo; rows grouped by prompt)
   teacher_route_BxN: jax.Array | None = None  # multi-teacher runs: one-hot float of each row's teacher
+  version_lag_BxR: jax.Array | None = None  # in-flight updates: learner step - the version that drew each token
 
   @classmethod
   def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
@@ -255,6 +256,14 @@ def _mismatch_metrics(batch: RolloutBatch, learner_logp_BxR, per_token: dict, is
   if vocab_metrics:
     metrics.update(_prefixed("mismatch_vocab", token_mean(
         {k.removeprefix("vocab/"): v for k, v in per_token.items() if k.startswith("vocab/")}, mask)))
+  if batch.version_lag_BxR is not None:  # in-flight updates: the mismatch of the tokens each version lag drew
+    lag_BxR = batch.version_lag_BxR
+    metrics["mismatch/token_version_lag"] = token_mean({"lag": lag_BxR}, mask)["lag"]
+    for lag, name in ((0, "0"), (1, "1"), (2, "2"), (3, "3+")):
+      in_bucket = mask * ((lag_BxR >= lag) if name.endswith("+") else (lag_BxR == lag))
+      metrics[f"mismatch_lag/tokens_lag{name}"] = jnp.sum(in_bucket) / jnp.maximum(jnp.sum(mask), 1.0)
+      metrics[f"mismatch_lag/k3_lag{name}"] = token_metrics(learner_logp_BxR, batch.sampler_logp_BxR, in_bucket,
+                                                           is_cap)["k3"]
   if batch.snapshot_logp_BxR is not None:
     precision = token_metrics(batch.snapshot_logp_BxR, batch.sampler_logp_BxR, mask, is_cap)
     staleness = token_metrics(learner_logp_BxR, batch.snapshot_logp_BxR, mask, is_cap)
