@@ -59,13 +59,15 @@ def _static_runner(graphdef, state, sampling, prompts, keys, rows, token_bytes):
   stats = {}
 
   def call():
-    useful, row_steps = 0, 0
+    useful, row_steps, drawn = 0, 0, []
     for (tokens, valid), batch_keys in batches:
       out = sampler(state, tokens, valid, batch_keys)
       mask = np.asarray(out.mask_BxN)
       useful += int(mask.sum())
       row_steps += len(tokens) * int(mask.sum(axis=1).max())  # every row steps until the longest ends
+      drawn.append(np.where(mask > 0, np.asarray(out.tokens_BxN), -1))
     stats.update(useful_tokens=useful, row_steps=row_steps, compiles=sampler._fn._cache_size(),
+                 tokens=np.concatenate(drawn),
                  peak_kv_bytes=min(rows, len(prompts)) * (width + sampling.max_new_tokens) * token_bytes)
     return useful
   return call, stats
@@ -78,8 +80,10 @@ def _paged_runner(graphdef, state, sampling, prompts, keys, engine_config):
   stats = {}
 
   def call():
-    _, s = engine.generate(state, prompts, keys)
-    stats.update(s, row_steps=s["decode_row_steps"], compiles=sum(engine.traces.values()))
+    import numpy as np
+    out, s = engine.generate(state, prompts, keys)
+    stats.update(s, row_steps=s["decode_row_steps"], compiles=sum(engine.traces.values()),
+                 tokens=np.where(np.asarray(out.mask_BxN) > 0, np.asarray(out.tokens_BxN), -1))
     return s["useful_tokens"]
   return call, stats, engine_config
 
@@ -114,21 +118,23 @@ def _compare(name, graphdef, state, sampling, prompts, keys, engine_config, toke
                    "tokens_per_s": stats["useful_tokens"] / seconds[engine], "row_steps": stats["row_steps"],
                    "compiles": stats["compiles"], **({"peak_kv_bytes": stats["peak_kv_bytes"]}
                                                       if "peak_kv_bytes" in stats else {})}
-    if engine != "static":
+    if engine != "static":  # the share of requests whose tokens equal the static sampler's (same per-request keys)
+      same = [(a == b).all() for a, b in zip(stats["tokens"], runners["static"][1]["tokens"])]
       row[engine].update(rows=runners[engine][2].max_rows, pool_pages=stats["pool_pages"],
-                         preempted=stats.get("preempted", 0))
+                         preempted=stats.get("preempted", 0), same_tokens=float(sum(same) / len(same)))
       row[f"{engine}_vs_static"] = row[engine]["tokens_per_s"] / row["static"]["tokens_per_s"]
   for engine in runners:
     if engine != "static":
       print(f"{name:<9} static {row['static']['tokens_per_s']:8.1f} tok/s  {engine} {row[engine]['tokens_per_s']:8.1f} "
             f"tok/s  ({row[f'{engine}_vs_static']:.2f}x)  row steps {row['static']['row_steps']} vs "
-            f"{row[engine]['row_steps']}", flush=True)
+            f"{row[engine]['row_steps']}, same tokens {row[engine]['same_tokens']:.0%}", flush=True)
   return row
 
 
 def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
   """Sequences held at once in a fixed KV budget, per KV dtype: static reserves prompt + cap slots per row; the
-  paged engine's peak live rows in a pool of the budget's bytes (decoding the long-tail requests)."""
+  paged engine's mean live rows while requests wait, in a pool of the budget's bytes (decoding the long-tail
+  requests)."""
   import dataclasses
 
   import numpy as np

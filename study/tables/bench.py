@@ -112,9 +112,10 @@ def engine_table(result: dict) -> str:
       body.append([workload, names[engine], f"{r.get('rows', row['rows'])}", f"{r['useful_tokens']}",
                    f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['row_steps']}", f"{r['compiles']}",
                    f"{r['peak_kv_bytes'] / 2 ** 20:.1f}" if "peak_kv_bytes" in r else "-",
-                   f"{row[f'{engine}_vs_static']:.2f}x" if engine != "static" else ""])
+                   f"{row[f'{engine}_vs_static']:.2f}x" if engine != "static" else "",
+                   f"{r['same_tokens']:.0%}" if "same_tokens" in r else ""])
   return md_table(["workload", "engine", "rows", "useful tokens", "seconds", "useful tokens / s", "row-steps computed",
-                   "compiles", "peak KV MiB", "vs static"], body)
+                   "compiles", "peak KV MiB", "vs static", "requests with static's tokens"], body)
 
 
 def engine_capacity_table(result: dict) -> str:
