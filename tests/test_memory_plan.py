@@ -77,6 +77,22 @@ def test_json_fields_are_present_and_consistent(tiny_result):
   assert resident["optimizer_state"] == pytest.approx(2 * resident["learner_params"], abs=64)
   assert resident["teacher_params"] * 2 == resident["learner_params"]
   assert out["programs"]["train_step"] > out["programs"]["teacher_score"]
+  # Colocated, the sampler runs beside everything the learner keeps resident (its own weights are an argument).
+  learner_side = sum(resident[k] for k in ("teacher_params", "learner_params", "optimizer_state", "rollout_batch"))
+  assert out["program_totals"]["sampler"] == out["programs"]["sampler"] + learner_side
+
+
+def test_a_paged_run_plans_the_engines_programs_and_its_kv_capacity(tiny_dir):
+  """rollout.engine=paged: prefill and decode programs (with the KV pool among their arguments) instead of one
+  generate program, and the sequences of the run's length its device holds at each KV dtype."""
+  result = mp.plan_memory(plan_of(tiny_dir, rollout__engine="paged", rollout__page_size=8))
+  assert {"sampler_prefill", "sampler_decode"} <= set(result.programs) and "sampler" not in result.programs
+  paged = result.to_json()["paged"]
+  assert paged["sequence_tokens"] == 8 + 32 and paged["pool_bytes"] > 0
+  by = paged["by_kv_dtype"]
+  assert by["int4"]["sequences"] > by["fp8_e4m3"]["sequences"] > by["bf16"]["sequences"] > 0
+  pages = lambda kv: by[kv]["kv_tokens"] // 8 // 5  # 40 tokens: 5 pages of 8
+  assert all(by[kv]["sequences"] == pages(kv) for kv in by)
 
 
 def test_bigger_batch_bigger_train_step_peak(tiny_dir):

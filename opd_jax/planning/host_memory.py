@@ -45,7 +45,8 @@ from opd_jax.planning.plan_spec import PlanSpec
 
 
 # The step-0 evaluation compiles first, then the first rollout, its scoring and the train step.
-RUN_ORDER = ("eval_sampler", "eval_sampler_sampled", "eval_reverse_kl", "sampler", "teacher_score", "train_step")
+RUN_ORDER = ("eval_sampler", "eval_sampler_sampled", "eval_reverse_kl", "sampler", "sampler_dense", "sampler_prefill",
+             "sampler_decode", "teacher_score", "train_step")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,11 +44,13 @@ import resource
 import time
 from typing import Callable
 
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from opd_jax.models.sharding import per_device_bytes
 from opd_jax.planning.plan_programs import Program, build_programs, plan_mesh, resident_pools
 from opd_jax.planning.plan_spec import GIB, PlanSpec
+from opd_jax.rollout.memory import concurrent_sequences, kv_token_bytes
 
 # The folder that holds the opd_jax package (a checkout or site-packages): a subprocess imports it from there.
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,6 +91,7 @@ class MemoryPlan:
   micro_batch_totals: dict[int, int]  # train-step total at each micro-batch compiled
   pools: dict[str, str] = dataclasses.field(default_factory=dict)  # program -> learner | sampler (its devices)
   planner_peak_rss_bytes: int = 0  # the planning process's own peak RSS: the host memory its compiles needed
+  paged: dict = dataclasses.field(default_factory=dict)  # rollout.engine=paged: `paged_capacity` (else empty)
 
   @property
   def peak_bytes_per_device(self) -> int:
@@ -113,13 +116,35 @@ class MemoryPlan:
         "host_snapshot_bytes": (self.resident["sampler_weights"] * self.plan.staleness_steps
                                 if self.plan.snapshots_on == "host" else 0),  # per sampler device, host memory
         "planner_peak_rss_bytes": self.planner_peak_rss_bytes,
+        **({"paged": self.paged} if self.paged else {}),
     }
 
 
+def paged_capacity(plan: PlanSpec, decode: Program, decode_total: int) -> dict:
+  """rollout.engine=paged: sequences of the run's full length (prompt + cap) that a KV pool holds in the memory its
+  decode round leaves free on the sampler's device (everything but the pool: weights, residents, the round's
+  temporaries), per KV dtype, the run's own first; static = rows reserving every slot, paged = whole pages of the
+  full length (rollout.memory.concurrent_sequences; shorter responses fit more)."""
+  pool = per_device_bytes(decode.args[1])
+  free = max(plan.device_memory_bytes - (decode_total - pool), 0)
+  P, R, Z = plan.prompt_tokens, plan.response_tokens, plan.run.rollout.page_size
+  native = jnp.dtype(plan.model_options("student")["dtype"]).itemsize
+  by_dtype = {}
+  for kv in dict.fromkeys((plan.kv_cache, "bf16", "fp8_e4m3", "int4")):
+    per_token = kv_token_bytes(plan.student, kv, native)
+    sequences = concurrent_sequences(free // per_token, prompt_tokens=P, max_new_tokens=R, mean_tokens=P + R,
+                                     page_size=Z)
+    by_dtype[kv] = {"bytes_per_token": per_token, "kv_tokens": free // per_token, "sequences": sequences["paged"]}
+  return {"pool_bytes": pool, "free_bytes": free, "sequence_tokens": P + R, "page_size": Z, "by_kv_dtype": by_dtype}
+
+
 def _total(memory: ProgramMemory, program: Program, resident: dict[str, int], plan: PlanSpec) -> int:
+  """The program's peak plus what stays resident on its devices and is not among its arguments. Colocated, the
+  sampler's programs run on the learner's devices, beside everything the learner keeps there."""
   pools = resident_pools(plan)
+  runs_on = program.pool if plan.disaggregated else "learner"
   return memory.peak_bytes + sum(b for name, b in resident.items()
-                                 if name not in program.uses and pools[name] == program.pool)
+                                 if name not in program.uses and pools[name] == runs_on)
 
 
 def micro_batch_candidates(plan: PlanSpec) -> list[int]:
@@ -167,7 +192,9 @@ def plan_memory(plan: PlanSpec, log: Callable[[str], None] = lambda s: None) -> 
   trials = {used: totals["train_step"]}
   best = largest_micro_batch(plan, mesh, resident, trials, log)
   pools = {name: program.pool for name, program in programs.items()}
-  return MemoryPlan(plan, memory, totals, resident, used, best, trials, pools, rss_bytes()[1])
+  paged = paged_capacity(plan, programs["sampler_decode"], totals["sampler_decode"]) if (
+      "sampler_decode" in programs) else {}
+  return MemoryPlan(plan, memory, totals, resident, used, best, trials, pools, rss_bytes()[1], paged)
 
 
 def rss_bytes() -> tuple[int, int]:

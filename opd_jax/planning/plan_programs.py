@@ -21,6 +21,7 @@ from opd_jax.models.decoder import Decoder
 from opd_jax.models.sharding import batch_sharding, make_mesh
 from opd_jax.planning.plan_spec import PlanSpec
 from opd_jax.rollout import placement
+from opd_jax.rollout.engine import PagedSampler
 from opd_jax.rollout.placement import split_devices
 from opd_jax.train import programs
 from opd_jax.train.optimizer import make_optimizer, make_schedule
@@ -73,6 +74,29 @@ def plan_sampler_mesh(plan: PlanSpec) -> Mesh:
   return placement.sampler_mesh(_plan_devices(plan)[1], plan.rollout_tensor)
 
 
+def _paged_programs(engine, sampler_params, sharding) -> dict[str, Program]:
+  """The paged engine's programs (rollout.engine=paged) at their largest shapes: the dense per-layer copy of the
+  weights when the engine makes one, prefill of every row at once and a decode round over the widest page table,
+  both with the KV pool (an argument the call donates, so it is counted in their peaks, not between programs)."""
+  config = engine.engine
+  R, C, M = config.max_rows, config.prefill_chunk, engine.pages_per_row
+  place = lambda tree: jax.tree.map(lambda a: _abstract(a.shape, a.dtype, sharding), tree)
+  programs_by_name, state, uses = {}, sampler_params, ("sampler_weights",)
+  if engine.sampling.weight_layout == "dense_layers":  # made once per batch, decoded from while the batch runs
+    programs_by_name["sampler_dense"] = Program(engine._dense, (sampler_params,), uses, "sampler")
+    state, uses = place(jax.eval_shape(engine._dense, sampler_params)), ()
+  pools = place(jax.eval_shape(lambda s: engine._init_pools(s).pools(), state))
+  rows = lambda dtype, *shape: _abstract((R, *shape), dtype, sharding)
+  keys = _abstract((R,), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding)
+  programs_by_name["sampler_prefill"] = Program(
+      engine._prefill, (state, pools, rows(jnp.int32, C), rows(jnp.bool_, C), rows(jnp.int32, M), rows(jnp.int32)),
+      uses, "sampler")
+  programs_by_name["sampler_decode"] = Program(
+      engine._decode, (state, pools, rows(jnp.int32), rows(jnp.int32, M), rows(jnp.int32), rows(jnp.int32),
+                       rows(jnp.int32), rows(jnp.bool_), keys), uses, "sampler")
+  return programs_by_name
+
+
 def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   """Every jitted program of a run with abstract sharded arguments, plus the abstract resident state.
 
@@ -114,7 +138,8 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   else:  # the learner's own weights on its mesh
     eval_decode, eval_decode_pools = (state.params, *eval_tokens[:2], learner_key), ("learner_params",)
   programs_by_name = {
-      "sampler": Program(run.sampler._fn, (sampler_params, *sampler_prompts, key), ("sampler_weights",), "sampler"),
+      "sampler": Program(getattr(run.sampler, "_fn", None), (sampler_params, *sampler_prompts, key),
+                         ("sampler_weights",), "sampler"),
       "teacher_score": Program(run.teacher_score, (t_params, *tokens), ("teacher_params",)),
       "train_step": Program(run.train_step, (state, batch, t_params),
                             ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
@@ -123,6 +148,9 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
       "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
                                  ("learner_params", "teacher_params")),
   }
+  if isinstance(run.sampler, PagedSampler):  # rollout.engine=paged: its own programs instead of one generate call
+    del programs_by_name["sampler"]
+    programs_by_name.update(_paged_programs(run.sampler.engine, sampler_params, s_replicated))
   if plan.served_teacher:  # scored over HTTP by another process: no teacher program here
     del programs_by_name["teacher_score"]
   if "_sampled" in run.eval_samplers:  # train.eval_sampled: a second, temperature-1 evaluation program

@@ -31,6 +31,12 @@ def format_plan(result: MemoryPlan) -> str:
   lines.append(f"resident between programs ({name}/device of its pool): "
                + ", ".join(f"{k} {size(v)}" for k, v in result.resident.items()))
   lines.append(f"sampler weights: {size(result.resident['sampler_weights'])} {name} per sampler device")
+  if result.paged:  # rollout.engine=paged: what its KV pool could hold on the sampler's device
+    paged = result.paged
+    lines.append(f"paged engine: KV pool {size(paged['pool_bytes'])} {name} as configured; sequences of "
+                 f"{paged['sequence_tokens']} tokens ({paged['page_size']}-token pages) that fit beside the decode "
+                 f"round's other memory: " + ", ".join(f"{kv} {v['sequences']:,}"
+                                                      for kv, v in paged["by_kv_dtype"].items()))
   over = [n for n, t in result.totals.items() if t > G]
   lines.append(f"verdict: {'FITS' if result.fits else 'DOES NOT FIT'}: max total {size(result.peak_bytes_per_device)}"
                f" vs {size(G)} {name}" + (f" (over: {', '.join(over)})" if over else ""))

@@ -153,8 +153,9 @@ def plan_programs_table(plan: dict) -> str:
 
 def plans_before_after_table(before: dict[str, dict], after: dict[str, dict]) -> str:
   """Per config and program: compile seconds and per-device GiB of the plan before stacked layer storage
-  (results/plans/before_stacked_layers/, the planner of the release before it) and now (results/plans/), with
-  the planner's peak host RSS; both planned on one host, compilation cache off."""
+  (results/plans/before_stacked_layers/, the planner of the release before it) and right after it
+  (results/plans/after_stacked_layers/), with the planner's peak host RSS; both planned on one host, compilation
+  cache off."""
   body = []
   for name in sorted(set(before) & set(after)):
     b, a = before[name], after[name]
@@ -218,11 +219,12 @@ def all_tables(results_dir: str) -> dict[str, str]:
              for f in sorted(os.listdir(plans_dir)) if f.endswith(".json")}
     if plans:
       tables["real-scale plans"] = plans_table(plans)
-    before_dir = os.path.join(plans_dir, "before_stacked_layers")
-    if os.path.isdir(before_dir):
-      before = {f[:-len(".json")]: read_json(os.path.join(before_dir, f), "plan file")
-                for f in sorted(os.listdir(before_dir)) if f.endswith(".json")}
-      tables["real-scale plans before and after stacked layers"] = plans_before_after_table(before, plans)
+    read_dir = lambda folder: {f[:-len(".json")]: read_json(os.path.join(folder, f), "plan file")
+                               for f in sorted(os.listdir(folder)) if f.endswith(".json")}
+    before_dir, after_dir = (os.path.join(plans_dir, f"{when}_stacked_layers") for when in ("before", "after"))
+    if os.path.isdir(before_dir) and os.path.isdir(after_dir):  # the comparison as measured then
+      tables["real-scale plans before and after stacked layers"] = plans_before_after_table(read_dir(before_dir),
+                                                                                          read_dir(after_dir))
     flags_dir = os.path.join(plans_dir, "flags")
     for f in sorted(os.listdir(flags_dir)) if os.path.isdir(flags_dir) else []:
       if f.endswith(".json"):
@@ -264,7 +266,7 @@ def source_of(title: str) -> str:
   if title == "real-scale plans":
     return "results/plans/"
   if title == "real-scale plans before and after stacked layers":
-    return "results/plans/"
+    return "results/plans/before_stacked_layers/, results/plans/after_stacked_layers/"
   if title.startswith("plan "):
     return f"results/plans/flags/{title[len('plan '):]}.json"
   if title == "host memory":
