@@ -133,7 +133,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # continuous batching, opd_jax/rollout/engine.py; each row drawn under its own key, so samples differ from static's)
   c.rollout.engine = "static"
   c.rollout.page_size = 16  # paged: tokens per KV page
-  c.rollout.engine_rows = 0  # paged: rows decoded at once; 0 = the batch's
+  c.rollout.engine_rows = 0  # paged: rows decoded at once per sampler device; 0 = the batch's rows per device
   c.rollout.decode_steps = 8  # paged: decode steps per host round trip
   c.rollout.kv_pages = 0  # paged: pages in the KV pool; 0 = room for every row at its longest
   # paged + async: rows running when a new version is published continue on it (each token's version lag logged)

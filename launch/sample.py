@@ -46,7 +46,8 @@ def sample():
   from opd_jax.models.finite import check_finite
   from opd_jax.models.tokenizer import encode_prompt
   from opd_jax.rollout.config import RolloutConfig, build_sampler_state
-  from opd_jax.rollout.engine import PagedSampler, engine_config
+  from opd_jax.rollout.engine import engine_config
+  from opd_jax.rollout.paged_sampler import PagedSampler
   from opd_jax.rollout.sampler import Sampler, left_pad
 
   if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):

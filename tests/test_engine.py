@@ -272,3 +272,27 @@ def test_the_engines_sweep_points_are_valid_main_pair1_runs():
       "baseline": ("static", "sync", False), "paged": ("paged", "sync", False),
       "paged_async_inflight": ("paged", "async", True)}
   assert all(s.train.steps == pair1.get_config().train.steps == 700 and s.seed == 2 for s in specs.values())
+
+
+def test_paged_sampling_over_four_devices_draws_the_one_device_tokens(tiny_checkpoints):
+  """A sampler mesh of 4 devices: each runs its own engine on its block of rows (whole groups) with its replica of
+  the weights; every request keeps its key, so the tokens and log-probs are the one-device engine's, and the
+  output is sharded over the mesh's rows. A batch that does not split into whole groups per device is refused."""
+  from opd_jax.rollout import placement
+  from opd_jax.rollout.paged_sampler import PagedSampler
+  sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, eos_ids=(EOS,), pad_id=PAD, samples_per_prompt=2,
+                            kv_dtype="fp8_e4m3")
+  graphdef, state = nnx.split(load_pretrained(tiny_checkpoints["qwen3"]))
+  prompts = [p for p in _prompts(count=8, seed=3) for _ in range(2)]  # 8 groups of 2: 2 groups per device
+  tokens, valid = left_pad(prompts, PAD)
+  mesh = placement.sampler_mesh(jax.devices()[:4], 1)
+  replicated = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  config = dataclasses.replace(SMALL, max_rows=4)
+  one = PagedSampler(graphdef, sampling, config)(state, tokens, valid, jax.random.key(5))
+  four_sampler = PagedSampler(graphdef, sampling, config, mesh=mesh)
+  four = four_sampler(replicated, tokens, valid, jax.random.key(5))
+  _assert_same(one, four, 1e-6)
+  assert four.tokens_BxN.sharding.is_equivalent_to(placement.batch_sharding(mesh), 2)
+  assert four_sampler.last_stats["useful_tokens"] == int(np.asarray(one.mask_BxN).sum())
+  with pytest.raises(InputError, match="make the batch a multiple of 8"):
+    four_sampler(replicated, tokens[:12], valid[:12], jax.random.key(5))

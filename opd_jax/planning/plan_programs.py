@@ -21,7 +21,7 @@ from opd_jax.models.decoder import Decoder
 from opd_jax.models.sharding import batch_sharding, make_mesh
 from opd_jax.planning.plan_spec import PlanSpec
 from opd_jax.rollout import placement
-from opd_jax.rollout.engine import PagedSampler
+from opd_jax.rollout.paged_sampler import PagedSampler
 from opd_jax.rollout.placement import split_devices
 from opd_jax.train import programs
 from opd_jax.train.optimizer import make_optimizer, make_schedule

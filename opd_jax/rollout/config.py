@@ -40,8 +40,8 @@ class RolloutConfig:
   split_mismatch: bool = True  # keep a dense learner copy per lagged version to split precision vs staleness
   # The engine that decodes (rollout.engine): static (one padded batch, every row to the longest) or paged (a paged
   # KV cache and continuous batching; each row drawn under its own key). Paged only: tokens per KV page, rows
-  # decoded at once (0 = the batch's), decode steps per host round trip, pages in the pool (0 = room for every row
-  # at its longest).
+  # decoded at once per sampler device (0 = the batch's share), decode steps per host round trip, pages in the
+  # pool (0 = room for every row at its longest).
   engine: str = "static"
   page_size: int = 16
   engine_rows: int = 0

@@ -349,30 +349,9 @@ class PagedEngine:
         plan.release(r)
 
 
-class PagedSampler:
-  """The static `Sampler`'s call over the paged engine: `(state, prompt_BxP, prompt_valid_BxP, key)` ->
-  SampleOutput, so the training loop, evaluation and launch/sample.py take either engine. Row b is request b,
-  drawn under fold_in(key, b) (or under key[b] when `key` holds one key per row); the rows of a group
-  (samples_per_prompt > 1) share their prompt's pages. `last_stats`: the engine's statistics of the latest
-  call."""
-
-  def __init__(self, graphdef, config: SamplingConfig, engine: EngineConfig):
-    self.config = config
-    self.engine = PagedEngine(graphdef, config, engine)
-    self.last_stats: dict = {}
-
-  def __call__(self, state, prompt_BxP, prompt_valid_BxP, key, *, version: int = 0, weights=None) -> SampleOutput:
-    """version / weights: in-flight weight updates (`PagedEngine.generate`)."""
-    tokens_BxP, valid_BxP = np.asarray(prompt_BxP), np.asarray(prompt_valid_BxP).astype(bool)
-    prompts = [row[valid].tolist() for row, valid in zip(tokens_BxP, valid_BxP)]
-    keys_B = key if key.ndim == 1 else jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(len(prompts)))
-    out, self.last_stats = self.engine.generate(state, prompts, keys_B, version=version, weights=weights)
-    return out
-
-
 def engine_config(rollout, max_prompt_tokens: int, batch_rows: int) -> EngineConfig:
-  """The paged engine's settings from a RolloutConfig: rows default to the batch's, pages to room for every row
-  at its longest."""
+  """The paged engine's settings from a RolloutConfig: rows default to the batch's (per device), pages to room for
+  every row at its longest."""
   return EngineConfig(page_size=rollout.page_size, num_pages=rollout.kv_pages,
                       max_rows=rollout.engine_rows or batch_rows, decode_steps=rollout.decode_steps,
                       prefill_chunk=rollout.page_size * max(1, -(-64 // rollout.page_size)),

@@ -24,7 +24,6 @@ from opd_jax.models import sharding as shard_lib
 from opd_jax.objectives.chunked import row_map
 from opd_jax.objectives.logprobs import score
 from opd_jax.objectives.losses import ObjectiveConfig
-from opd_jax.errors import InputError
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.rollout.weight_sync import WeightSync
@@ -106,14 +105,12 @@ def rollout_sampler(graphdef, settings: RunSettings, weight_sync: WeightSync) ->
   sampling = settings.rollout.sampling(eos_ids=settings.eos_ids, pad_id=settings.pad_id,
                                        logits_top_k=settings.sampler_top_k, samples_per_prompt=settings.group_size,
                                        platform=weight_sync.mesh.devices.flat[0].platform)
-  if settings.rollout.engine == "paged":
-    from opd_jax.rollout.engine import PagedSampler, engine_config
-    if weight_sync.mesh.devices.size > 1:
-      raise InputError(f"rollout.engine='paged' runs on one device for now; the sampler's mesh has "
-                       f"{weight_sync.mesh.devices.size} (use rollout.engine='static', or rollout.devices=1 with "
-                       "placement='disaggregated')")
-    return PagedSampler(graphdef, sampling, engine_config(settings.rollout, settings.max_prompt_tokens,
-                                                          settings.batch_size))
+  if settings.rollout.engine == "paged":  # one engine per sampler device, each on its block of rows
+    from opd_jax.rollout.engine import engine_config
+    from opd_jax.rollout.paged_sampler import PagedSampler
+    rows = max(settings.batch_size // weight_sync.mesh.devices.size, 1)
+    return PagedSampler(graphdef, sampling, engine_config(settings.rollout, settings.max_prompt_tokens, rows),
+                        mesh=weight_sync.mesh)
   return Sampler(graphdef, sampling, mesh=weight_sync.mesh, state_shardings=weight_sync.shardings)
 
 
