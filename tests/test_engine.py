@@ -270,7 +270,7 @@ def test_the_engines_sweep_points_are_valid_main_pair1_runs():
     specs[name] = RunSpec.from_config(config, device_count=1)
   assert {n: (s.rollout.engine, s.train.mode, s.rollout.inflight_updates) for n, s in specs.items()} == {
       "baseline": ("static", "sync", False), "paged": ("paged", "sync", False),
-      "paged_async_inflight": ("paged", "async", True)}
+      "paged_async_inflight": ("paged", "async", True), "paged_async": ("paged", "async", False)}
   assert all(s.train.steps == pair1.get_config().train.steps == 700 and s.seed == 2 for s in specs.values())
 
 

@@ -1,6 +1,6 @@
 """The rollout engines on the main pair1 run (issue 37): the static engine (the baseline point), the paged engine,
-and the paged engine in async mode with in-flight weight updates, each the main command's full 700 steps (what
-"reaches the static engine's accuracy" is judged on), one seed per sweep run:
+and the paged engine in async mode with and without in-flight weight updates, each the main command's full 700
+steps (what "reaches the static engine's accuracy" is judged on), one seed per sweep run:
 
   python launch/sweep.py --config=configs/sweeps/engines.py:seed=S --workdir=runs/sweep_engines_seedS   # S = 0, 1, 2
 
@@ -17,6 +17,7 @@ POINTS = (
     ("paged", (("rollout.engine", "paged"),)),
     ("paged_async_inflight", (("rollout.engine", "paged"), ("train.mode", "async"),
                               ("rollout.inflight_updates", True))),
+    ("paged_async", (("rollout.engine", "paged"), ("train.mode", "async"))),  # rows finish on their version
 )
 
 

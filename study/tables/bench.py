@@ -118,6 +118,25 @@ def engine_table(result: dict) -> str:
                    "compiles", "peak KV MiB", "vs static", "requests with static's tokens"], body)
 
 
+def engines_training_table(rows: list[dict]) -> str:
+  """configs/sweeps/engines.py: the main pair1 run on each engine, per seed (final held-out accuracy, run k3, wall
+  seconds), and the seed mean of the accuracy with its 95% t-interval where there are >= 2 seeds."""
+  from opd_jax.experiments.intervals import t_interval
+  body = []
+  for point in dict.fromkeys(r["point"] for r in rows):
+    mine = sorted((r for r in rows if r["point"] == point and r["status"] == "ok"), key=lambda r: r["seed"])
+    accuracy = [r["final_accuracy"] for r in mine]
+    mean = f"{sum(accuracy) / len(accuracy):.3f}"
+    if len(accuracy) >= 2:
+      lo, hi = t_interval(accuracy)
+      mean += f" [{lo:.3f}, {hi:.3f}]"
+    body.append([point, ", ".join(str(r["seed"]) for r in mine), ", ".join(f"{a:.3f}" for a in accuracy), mean,
+                 ", ".join(f"{r['mismatch']['mismatch/k3']:.1e}" for r in mine),
+                 ", ".join(f"{r['wall_seconds']:.0f}" for r in mine)])
+  return md_table(["point", "seeds", "final accuracy per seed", "seed mean [95% t-interval]", "run k3 per seed",
+                   "wall s per seed"], body)
+
+
 def engine_capacity_table(result: dict) -> str:
   """Sequences held at once in one KV budget, per KV dtype: the static reservation; the paged engine's mean live
   rows while requests waited (its peak and preemptions beside), what rollout.memory.concurrent_sequences predicts,
@@ -165,6 +184,15 @@ def tables(results_dir: str) -> dict[str, str]:
       if table is not None:
         out[title], SOURCES[title] = table, "results/bench/engine.json"
         CAPTIONS[title] = f"{command} on {result['backend']} ({result['checkpoint_name']}); medians of timed rounds"
+  engines_dir = os.path.join(results_dir, "engines")
+  files = sorted(f for f in os.listdir(engines_dir) if f.endswith(".jsonl")) if os.path.isdir(engines_dir) else []
+  if files:
+    title = "rollout engines: the main pair1 run on each"
+    out[title] = engines_training_table([r for f in files for r in read_jsonl(os.path.join(engines_dir, f),
+                                                                              "engines sweep file")])
+    SOURCES[title] = "results/engines/"
+    CAPTIONS[title] = ("python launch/sweep.py --config=configs/sweeps/engines.py:seed=S (700 steps, 2 CPU cores "
+                       "shared with other runs; wall seconds are illustrative)")
   bench_dir = os.path.join(results_dir, "bench")
   if os.path.isdir(bench_dir):
     for name in sorted(os.listdir(bench_dir)):
