@@ -185,7 +185,8 @@ def tables(results_dir: str) -> dict[str, str]:
         out[title], SOURCES[title] = table, "results/bench/engine.json"
         CAPTIONS[title] = f"{command} on {result['backend']} ({result['checkpoint_name']}); medians of timed rounds"
   engines_dir = os.path.join(results_dir, "engines")
-  files = sorted(f for f in os.listdir(engines_dir) if f.endswith(".jsonl")) if os.path.isdir(engines_dir) else []
+  files = sorted(f for f in os.listdir(engines_dir) if f.startswith("engines_seed") and f.endswith(".jsonl")) if (
+      os.path.isdir(engines_dir)) else []
   if files:
     title = "rollout engines: the main pair1 run on each"
     out[title] = engines_training_table([r for f in files for r in read_jsonl(os.path.join(engines_dir, f),
