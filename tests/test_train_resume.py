@@ -86,12 +86,12 @@ def test_disaggregated_async_on_four_plus_four_devices_logs_and_resumes(tiny_pai
   seen = []
   produce = RolloutProducer.produce
 
-  def recording_produce(self, index, version, snapshot, prompts):
+  def recording_produce(self, index, version, snapshot, prompts, latest=None):
     devices = frozenset(d.id for leaf in jax.tree.leaves(snapshot["sampler"]) for d in leaf.devices())
     seen.append((index, version, devices))
     if index == 3 and len(seen) == 4:  # the first run only
       os.kill(os.getpid(), signal.SIGTERM)
-    return produce(self, index, version, snapshot, prompts)
+    return produce(self, index, version, snapshot, prompts, latest)
 
   monkeypatch.setattr(RolloutProducer, "produce", recording_produce)
   overrides = {"train.mode": "async", "train.max_staleness": 2, "rollout.placement": "disaggregated",
