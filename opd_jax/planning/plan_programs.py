@@ -137,9 +137,13 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
     eval_decode_pools = ("sampler_weights",)
   else:  # the learner's own weights on its mesh
     eval_decode, eval_decode_pools = (state.params, *eval_tokens[:2], learner_key), ("learner_params",)
+  if isinstance(run.sampler, PagedSampler):  # rollout.engine=paged: its own programs instead of one generate call
+    rollout_programs = _paged_programs(run.sampler.engine, sampler_params, s_replicated)
+  else:
+    rollout_programs = {"sampler": Program(run.sampler._fn, (sampler_params, *sampler_prompts, key),
+                                           ("sampler_weights",), "sampler")}
   programs_by_name = {
-      "sampler": Program(getattr(run.sampler, "_fn", None), (sampler_params, *sampler_prompts, key),
-                         ("sampler_weights",), "sampler"),
+      **rollout_programs,
       "teacher_score": Program(run.teacher_score, (t_params, *tokens), ("teacher_params",)),
       "train_step": Program(run.train_step, (state, batch, t_params),
                             ("learner_params", "optimizer_state", "rollout_batch", "teacher_params")),
@@ -148,9 +152,6 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
       "eval_reverse_kl": Program(run.eval_reverse_kl, (state.params, t_params, *eval_tokens),
                                  ("learner_params", "teacher_params")),
   }
-  if isinstance(run.sampler, PagedSampler):  # rollout.engine=paged: its own programs instead of one generate call
-    del programs_by_name["sampler"]
-    programs_by_name.update(_paged_programs(run.sampler.engine, sampler_params, s_replicated))
   if plan.served_teacher:  # scored over HTTP by another process: no teacher program here
     del programs_by_name["teacher_score"]
   if "_sampled" in run.eval_samplers:  # train.eval_sampled: a second, temperature-1 evaluation program
