@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-FAMILIES = ("qwen3", "llama", "qwen2")
+FAMILIES = ("qwen3", "llama", "qwen2", "gemma3_text")
 VOCAB = 61
 
 
@@ -27,6 +27,14 @@ def hf_config(family: str, **overrides):
     kw = dict(common, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=1000000.0)
     kw.update(overrides)
     return transformers.Qwen2Config(**kw)
+  if family == "gemma3_text":  # sliding (window 4) / full layers, own RoPE bases, query scale != 1/sqrt(head_dim)
+    kw = dict(common, num_hidden_layers=3, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+              sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+              query_pre_attn_scalar=24, rope_parameters={
+                  "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    kw.update(overrides)
+    return transformers.Gemma3TextConfig(**kw)
   raise ValueError(family)
 
 

@@ -107,6 +107,49 @@ def test_param_names_map_to_hf():
   assert hf_name(("layers", 0, "self_attn", "q_norm", "weight")) == ("model.layers.0.self_attn.q_norm.weight", False)
 
 
+def test_gemma3_sliding_window_is_honoured(tiny_checkpoints, tmp_path):
+  """Gemma 3's sliding layers see 4 positions back: widening the window leaves the first 4 positions' logits as
+  they were and changes the later ones (so the parity tests above exercise the window, not a causal mask)."""
+  path = tiny_checkpoints["gemma3_text"]
+  tokens = jnp.asarray(np.random.RandomState(6).randint(3, checkpoints.VOCAB, (2, 12)))
+  windowed = np.asarray(load_pretrained(path)(tokens))
+  wide = _copy(path, tmp_path)
+  _edit_config(wide, sliding_window=64)
+  full = np.asarray(load_pretrained(wide)(tokens))
+  np.testing.assert_allclose(windowed[:, :4], full[:, :4], atol=1e-6)
+  assert np.abs(windowed[:, 4:] - full[:, 4:]).max() > 1e-2
+
+
+def test_gemma3_linear_rope_scaling_matches_transformers(tmp_path):
+  """Gemma 3 4B+ scale the full-attention layers' RoPE linearly (factor 8); the sliding layers keep theirs."""
+  path = checkpoints.make_tiny_checkpoint(str(tmp_path / "g"), "gemma3_text", rope_parameters={
+      "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+  assert dict(read_hf_config(path).rope_scaling) == {"factor": 8.0, "rope_type": "linear"}
+  tokens = np.random.RandomState(7).randint(0, checkpoints.VOCAB, (2, 14))
+  ours = np.asarray(load_pretrained(path)(jnp.asarray(tokens)))
+  np.testing.assert_allclose(ours, _torch_logits(checkpoints.load_torch(path), tokens), atol=1e-4)
+
+
+def test_gemma3_config_spellings_and_refusals():
+  """transformers 4.x's flat spelling (rope_local_base_freq, sliding_window_pattern, no layer_types) reads as
+  5.x's nested one; soft-capping and the multimodal config are refused by name."""
+  from opd_jax.models import ModelConfig
+  base = checkpoints.hf_config("gemma3_text", num_hidden_layers=7, layer_types=None).to_dict()
+  config = ModelConfig.from_hf_dict(base)
+  assert config.kinds_L == (1, 1, 1, 1, 1, 0, 1) and config.rope_theta == 1e6
+  legacy = {k: v for k, v in base.items() if k not in ("rope_parameters", "layer_types")}
+  legacy.update(rope_theta=1e6, rope_local_base_freq=5000.0, sliding_window_pattern=3)
+  old = ModelConfig.from_hf_dict(legacy)
+  assert old.kinds_L == (1, 1, 0, 1, 1, 0, 1) and old.rope_local_base_freq == 5000.0 and old.rope_theta == 1e6
+  assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+  for change, fragment in (({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+                           ({"model_type": "gemma3"}, "gemma3_text"),
+                           ({"hidden_activation": "relu"}, "hidden_activation")):
+    with pytest.raises(CheckpointError, match=fragment):
+      ModelConfig.from_hf_dict({**base, **change})
+
+
 # ---------------------------------------------------------------------------------------------- bad inputs
 
 def _copy(src, tmp_path):

@@ -1,4 +1,12 @@
-"""Model configuration: one dataclass for the Qwen3 / Llama 3 / Qwen2 decoder families, read from HF config.json."""
+"""Model configuration: one dataclass for the Qwen3 / Llama 3 / Qwen2 / Gemma 3 decoder families, read from HF
+config.json.
+
+Gemma 3 (`gemma3_text`, HF's Gemma3ForCausalLM) differs from the others in: layers of two attention kinds
+(`layer_types`: "sliding_attention" sees the last `sliding_window` positions and rotates with its own RoPE base
+`rope_local_base_freq`; "full_attention" sees everything and uses `rope_theta` and any scaling); RMSNorm that
+scales by (1 + weight); four norms per block (after attention and around the MLP); the embedding scaled by
+sqrt(hidden_size); GeGLU (tanh-approximate GELU); queries scaled by query_pre_attn_scalar ** -0.5.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,11 @@ from typing import Any
 
 from opd_jax.errors import InputError
 
-FAMILIES = ("qwen3", "llama", "qwen2")
-_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+FAMILIES = ("qwen3", "llama", "qwen2", "gemma3_text")
+_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "gemma3_text": "Gemma3ForCausalLM"}
+LAYER_KINDS = ("full_attention", "sliding_attention")  # HF's layer_types values, in kind-index order
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 class CheckpointError(InputError):
@@ -22,7 +33,7 @@ class CheckpointError(InputError):
 class ModelConfig:
   """Architecture of one decoder. Field names follow HF config.json where one exists."""
 
-  model_type: str  # "qwen3" (QK-norm), "llama" (rope_scaling llama3), "qwen2" (q/k/v bias)
+  model_type: str  # "qwen3" (QK-norm), "llama" (rope_scaling llama3), "qwen2" (q/k/v bias), "gemma3_text"
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -41,6 +52,33 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: tuple[int, ...] = ()  # every id that ends a response
   pad_token_id: int | None = None
+  hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU, gemma3_text)
+  # gemma3_text only: each layer's kind (LAYER_KINDS), the window of the sliding ones, their RoPE base, and
+  # the query scaling's denominator (None: head_dim).
+  layer_types: tuple[str, ...] | None = None
+  sliding_window: int | None = None
+  rope_local_base_freq: float = 10000.0
+  query_pre_attn_scalar: float | None = None
+
+  @property
+  def gemma(self) -> bool:
+    """(1 + weight) RMSNorm, four norms per block, sqrt(D)-scaled embedding."""
+    return self.model_type == "gemma3_text"
+
+  @property
+  def kinds_L(self) -> tuple[int, ...]:
+    """Each layer's attention kind as an index into LAYER_KINDS (all 0, full attention, outside gemma3_text)."""
+    if self.layer_types is None:
+      return (0,) * self.num_hidden_layers
+    return tuple(LAYER_KINDS.index(t) for t in self.layer_types)
+
+  @property
+  def query_scale(self) -> float:
+    return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+  @property
+  def embed_scale(self) -> float | None:
+    return self.hidden_size ** 0.5 if self.gemma else None
 
   @property
   def qkv_bias(self) -> bool:
@@ -53,8 +91,8 @@ class ModelConfig:
 
   @property
   def qk_norm(self) -> bool:
-    """qwen3: RMSNorm over head_dim on queries and keys before RoPE."""
-    return self.model_type == "qwen3"
+    """qwen3, gemma3_text: RMSNorm over head_dim on queries and keys before RoPE."""
+    return self.model_type in ("qwen3", "gemma3_text")
 
   def __post_init__(self):
     if self.model_type not in FAMILIES:
@@ -64,13 +102,21 @@ class ModelConfig:
                             f"num_key_value_heads={self.num_key_value_heads}")
     if self.mlp_bias and self.model_type != "llama":
       raise CheckpointError(f"mlp_bias is a llama option, not {self.model_type}")
+    if self.hidden_act not in ("silu", "gelu_tanh"):
+      raise CheckpointError(f"hidden_act={self.hidden_act!r} is not supported (silu, gelu_tanh)")
+    if self.layer_types is not None:
+      if len(self.layer_types) != self.num_hidden_layers or any(t not in LAYER_KINDS for t in self.layer_types):
+        raise CheckpointError(f"layer_types must list one of {', '.join(LAYER_KINDS)} per layer "
+                              f"({self.num_hidden_layers}), got {self.layer_types!r}")
+      if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) > 0:
+        raise CheckpointError(f"sliding_attention layers need a positive sliding_window, got {self.sliding_window!r}")
 
   def num_params(self) -> int:
     d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
     q, kv = self.num_attention_heads * h, self.num_key_value_heads * h
     attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.qkv_bias else 0) + (d if self.o_bias else 0)
     mlp = 3 * d * f + ((2 * f + d) if self.mlp_bias else 0)
-    norms = 2 * d + (2 * h if self.qk_norm else 0)
+    norms = (4 if self.gemma else 2) * d + (2 * h if self.qk_norm else 0)
     embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
     return self.num_hidden_layers * (attn + mlp + norms) + embed + d
 
@@ -81,43 +127,20 @@ class ModelConfig:
     if model_type not in FAMILIES:
       raise CheckpointError(
           f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(FAMILIES)} "
-          "(Qwen3, Llama 3, Qwen2/2.5 checkpoints)")
+          "(Qwen3, Llama 3, Qwen2/2.5, Gemma 3 text checkpoints"
+          + ("; for a multimodal Gemma 3, use its text model's config (model_type gemma3_text)"
+             if model_type == "gemma3" else "") + ")")
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
       if not isinstance(hf.get(key), int) or hf[key] <= 0:
         raise CheckpointError(f"{source}: field {key!r} must be a positive integer, got {hf.get(key)!r}")
-    act = hf.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-      raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only silu / SwiGLU)")
-    layer_types = hf.get("layer_types") or []
-    if hf.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
-      raise CheckpointError(f"{source}: sliding-window attention layers are not supported; "
-                            "set use_sliding_window=false")
+    extra = _gemma_fields(hf, source) if model_type == "gemma3_text" else _one_kind_fields(hf, source)
     heads = hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads") or heads
     if heads % kv_heads:
       raise CheckpointError(f"{source}: num_attention_heads={heads} is not a multiple of "
                             f"num_key_value_heads={kv_heads}")
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-    rope = dict(hf.get("rope_parameters") or {})  # transformers >= 5
-    legacy_scaling = hf.get("rope_scaling")  # transformers 4
-    if legacy_scaling:
-      rope.update(legacy_scaling)
-    rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    rope_scaling = None
-    if rope_type == "llama3":
-      try:
-        rope_scaling = tuple(sorted({
-            "rope_type": "llama3",
-            "factor": float(rope["factor"]),
-            "low_freq_factor": float(rope["low_freq_factor"]),
-            "high_freq_factor": float(rope["high_freq_factor"]),
-            "original_max_position_embeddings": int(rope["original_max_position_embeddings"]),
-        }.items()))
-      except KeyError as e:
-        raise CheckpointError(f"{source}: llama3 rope scaling is missing field {e.args[0]!r}") from None
-    elif rope_type != "default":
-      raise CheckpointError(f"{source}: rope type {rope_type!r} is not supported (default, llama3)")
+    rope_theta, rope_scaling = _rope_fields(hf, source, model_type)
     attention_bias = bool(hf.get("attention_bias", False))
     eos = hf.get("eos_token_id")
     eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
@@ -133,14 +156,30 @@ class ModelConfig:
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma3_text")),
         attention_bias=attention_bias and model_type != "qwen2",
         mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=eos,
         pad_token_id=hf.get("pad_token_id"),
+        **extra,
     )
+
+  def _gemma_hf_fields(self, full_rope: dict[str, Any]) -> dict[str, Any]:
+    """gemma3_text's own config.json fields, in both transformers 5 (per-kind rope_parameters) and 4.x spellings."""
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": list(self.layer_types or ("full_attention",) * self.num_hidden_layers),
+        "sliding_window": self.sliding_window,
+        "query_pre_attn_scalar": _int_if_whole(self.query_pre_attn_scalar or self.head_dim),  # HF wants an int
+        "rope_parameters": {"full_attention": full_rope,
+                            "sliding_attention": {"rope_theta": self.rope_local_base_freq, "rope_type": "default"}},
+        "rope_local_base_freq": self.rope_local_base_freq,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "attention_bias": self.attention_bias,
+    }
 
   def to_hf_dict(self, dtype: str = "float32") -> dict[str, Any]:
     """The config.json that transformers' AutoModelForCausalLM reads back into the same architecture."""
@@ -157,7 +196,7 @@ class ModelConfig:
         "num_attention_heads": self.num_attention_heads,
         "num_key_value_heads": self.num_key_value_heads,
         "head_dim": self.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": "silu" if self.hidden_act == "silu" else "gelu_pytorch_tanh",
         "rms_norm_eps": self.rms_norm_eps,
         # Both spellings: transformers >= 5 reads rope_parameters, 4.x reads rope_theta / rope_scaling.
         "rope_parameters": rope,
@@ -178,9 +217,80 @@ class ModelConfig:
       hf["mlp_bias"] = self.mlp_bias
     if self.model_type in ("qwen2", "qwen3"):
       hf["use_sliding_window"] = False
+    if self.gemma:
+      hf.update(self._gemma_hf_fields(rope))
     if self.eos_token_id == ():
       hf["eos_token_id"] = None
     return hf
+
+
+def _int_if_whole(value: float) -> float | int:
+  return int(value) if float(value).is_integer() else value
+
+
+def _one_kind_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+  """Qwen3 / Llama / Qwen2: SwiGLU and full attention in every layer (sliding windows are refused)."""
+  act = hf.get("hidden_act", "silu")
+  if act not in ("silu", "swish"):
+    raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only silu / SwiGLU)")
+  layer_types = hf.get("layer_types") or []
+  if hf.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
+    raise CheckpointError(f"{source}: sliding-window attention layers are not supported; "
+                          "set use_sliding_window=false")
+  return {}
+
+
+def _gemma_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+  """gemma3_text: the activation, the layer kinds (HF's default pattern: every 6th layer full), the window, the
+  local RoPE base and the query scaling. Soft-capping and bidirectional attention (not Gemma 3's) are refused."""
+  act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+  if _ACTIVATIONS.get(act) != "gelu_tanh":
+    raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported for gemma3_text "
+                          "(gelu_pytorch_tanh)")
+  for key in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"):
+    if hf.get(key):
+      raise CheckpointError(f"{source}: {key}={hf[key]!r} is not supported (Gemma 3 text models leave it unset)")
+  layers = hf["num_hidden_layers"]
+  pattern = int(hf.get("sliding_window_pattern") or 6)
+  layer_types = hf.get("layer_types") or [
+      "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+  rope = hf.get("rope_parameters") or {}
+  local = (rope.get("sliding_attention") or {}) if isinstance(rope.get("sliding_attention"), dict) else {}
+  if local.get("rope_type", "default") != "default":
+    raise CheckpointError(f"{source}: sliding layers' rope type {local['rope_type']!r} is not supported (default)")
+  scalar = hf.get("query_pre_attn_scalar")
+  return dict(hidden_act="gelu_tanh", layer_types=tuple(layer_types), sliding_window=hf.get("sliding_window"),
+              rope_local_base_freq=float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))),
+              query_pre_attn_scalar=scalar)
+
+
+def _rope_fields(hf: dict[str, Any], source: str, model_type: str) -> tuple[float, tuple | None]:
+  """(rope_theta, rope_scaling) of the full-attention layers, from transformers 5's rope_parameters (per layer
+  kind for gemma3_text) or 4.x's rope_theta / rope_scaling. Scaling: llama3 or linear."""
+  rope = dict(hf.get("rope_parameters") or {})  # transformers >= 5
+  if model_type == "gemma3_text" and isinstance(rope.get("full_attention"), dict):
+    rope = dict(rope["full_attention"])
+  legacy_scaling = hf.get("rope_scaling")  # transformers 4
+  if legacy_scaling:
+    rope.update(legacy_scaling)
+  theta = float(rope.get("rope_theta", hf.get("rope_theta", 1e6 if model_type == "gemma3_text" else 10000.0)))
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  try:
+    if rope_type == "llama3":
+      return theta, tuple(sorted({
+          "rope_type": "llama3",
+          "factor": float(rope["factor"]),
+          "low_freq_factor": float(rope["low_freq_factor"]),
+          "high_freq_factor": float(rope["high_freq_factor"]),
+          "original_max_position_embeddings": int(rope["original_max_position_embeddings"]),
+      }.items()))
+    if rope_type == "linear":
+      return theta, (("factor", float(rope["factor"])), ("rope_type", "linear"))
+  except KeyError as e:
+    raise CheckpointError(f"{source}: {rope_type} rope scaling is missing field {e.args[0]!r}") from None
+  if rope_type != "default":
+    raise CheckpointError(f"{source}: rope type {rope_type!r} is not supported (default, llama3, linear)")
+  return theta, None
 
 
 def read_json_object(path: str) -> dict:
@@ -216,13 +326,18 @@ def read_hf_config(path: str) -> ModelConfig:
   return config
 
 
-def rope_inv_freq(config: ModelConfig) -> list[float]:
-  """Inverse RoPE frequencies (head_dim / 2 of them), with llama3 frequency scaling when configured."""
+def rope_inv_freq(config: ModelConfig, kind: int = 0) -> list[float]:
+  """Inverse RoPE frequencies (head_dim / 2 of them) of layers of kind `kind` (LAYER_KINDS): full attention
+  uses rope_theta with llama3 or linear frequency scaling when configured, sliding attention
+  rope_local_base_freq without scaling."""
   dim = config.head_dim
-  inv_freq = [1.0 / (config.rope_theta ** (i / dim)) for i in range(0, dim, 2)]
-  if not config.rope_scaling:
+  base = config.rope_local_base_freq if LAYER_KINDS[kind] == "sliding_attention" else config.rope_theta
+  inv_freq = [1.0 / (base ** (i / dim)) for i in range(0, dim, 2)]
+  if not config.rope_scaling or LAYER_KINDS[kind] == "sliding_attention":
     return inv_freq
   scaling = dict(config.rope_scaling)
+  if scaling["rope_type"] == "linear":
+    return [f / scaling["factor"] for f in inv_freq]
   factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
   low_wavelen = old_len / scaling["low_freq_factor"]
   high_wavelen = old_len / scaling["high_freq_factor"]

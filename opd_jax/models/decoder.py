@@ -1,4 +1,4 @@
-"""One decoder for the Qwen3 / Llama 3 / Qwen2 families (GQA, RoPE, RMSNorm, SwiGLU), in Flax NNX.
+"""One decoder for the Qwen3 / Llama 3 / Qwen2 / Gemma 3 families (GQA, RoPE, RMSNorm, SwiGLU / GeGLU), in Flax NNX.
 
 Legend: B batch, T time (queries), S key slots (T without a cache, the cache length with one),
 D model width, N query heads, K kv heads, G = N / K query heads per kv head, H head dim,
@@ -7,7 +7,8 @@ F MLP width, V vocab.
 Padding: `valid_BxT` marks real tokens. Positions default to the running count of real tokens, so
 left-padded prompts get RoPE positions 0, 1, ... from their first real token, exactly as HF does with
 `position_ids = attention_mask.cumsum(-1) - 1`. A query attends to keys that are real and not in its
-future. A query with no real key (pure left padding) gets uniform attention (`_attend`) or attends to itself
+future (and, in Gemma 3's sliding layers, not `sliding_window` or more slots behind it: see
+opd_jax.models.attention_kinds, which also gives each layer kind its RoPE base). A query with no real key (pure left padding) gets uniform attention (`_attend`) or attends to itself
 (fused kernels) instead of NaN; its output is meaningless and every caller masks it.
 
 Attention (`Decoder(attention=...)`, no-cache path only: training, teacher scoring, full-sequence forward):
@@ -35,7 +36,8 @@ of both, side by side: launch/bench/compile.py.
 value matmuls, which batch over B and heads, are recomputed).
 
 KV cache: any pytree object with `begin(valid_BxT, index)` -> (cache, mask_BxTxS: which key slots each new token
-attends to), `write(layer, k, v, index)` -> new cache, `read(layer, dtype)` -> (k_BxKxHxS, v_BxKxSxH) (`layer`
+attends to), `query_slots_BxT(T, index)` -> each new token's slot (what a sliding window counts back from; key
+slot s is s), `write(layer, k, v, index)` -> new cache, `read(layer, dtype)` -> (k_BxKxHxS, v_BxKxSxH) (`layer`
 an int or a traced index) and `end()` -> the cache after every layer has written. `opd_jax.rollout.kv_cache`
 provides the contiguous caches (bf16 / int8 / fp8 / int4; `index` is the first slot the T new tokens take in every
 row) and `opd_jax.rollout.paged_cache` the paged one (each row continues at its own length; `index` unused); the
@@ -51,9 +53,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from opd_jax.errors import InputError
-from opd_jax.models import layer_stack
+from opd_jax.models import attention_kinds, layer_stack
 from opd_jax.models import sharding as shard_lib
-from opd_jax.models.config import ModelConfig, rope_inv_freq
+from opd_jax.models.config import ModelConfig
 from opd_jax.models.linear import Embed, Linear
 
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -65,16 +67,20 @@ _REMAT_POLICY = {"full": jax.checkpoint_policies.nothing_saveable,
 
 
 class RMSNorm(nnx.Module):
-  """x / rms(x) * weight, computed in float32 (as HF does), returned in the input dtype."""
+  """x / rms(x) * weight, computed in float32 (as HF does), returned in the input dtype. unit_offset (Gemma):
+  x / rms(x) * (1 + weight), all in float32 before the cast back (HF's Gemma3RMSNorm); the weight starts at 0."""
 
-  def __init__(self, features: int, eps: float, param_dtype):
-    self.weight = nnx.Param(jnp.ones((features,), param_dtype))
-    self.eps = eps
+  def __init__(self, features: int, eps: float, param_dtype, unit_offset: bool = False):
+    self.weight = nnx.Param((jnp.zeros if unit_offset else jnp.ones)((features,), param_dtype))
+    self.eps, self.unit_offset = eps, unit_offset
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    weight = self.weight.get_value().astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    shape = (1,) * (x.ndim - 1) + (-1,)
+    if self.unit_offset:
+      return (x32 * (1.0 + self.weight.get_value().astype(jnp.float32).reshape(shape))).astype(x.dtype)
+    weight = self.weight.get_value().astype(x.dtype).reshape(shape)
     return weight * x32.astype(x.dtype)
 
 
@@ -86,28 +92,27 @@ def apply_rope(x_BxTxNxH: jax.Array, cos_BxTxH: jax.Array, sin_BxTxH: jax.Array)
   return (x_BxTxNxH * cos + rotated * sin).astype(x_BxTxNxH.dtype)
 
 
-def _attend(q_BxTxKxGxH, k, v, mask_BxTxS, specs: tuple[str, str], dtype) -> jax.Array:
-  """softmax(q k^T / sqrt(H)) v over the unmasked keys; `specs` are the einsum layouts of k and v. A single
+def _attend(q_BxTxKxGxH, k, v, mask_BxTxS, specs: tuple[str, str], dtype, scale: float) -> jax.Array:
+  """softmax(q k^T * scale) v over the unmasked keys (scale: 1 / sqrt(H), or Gemma's query_pre_attn_scalar ** -0.5);
+  `specs` are the einsum layouts of k and v. A single
   query (T = 1, decode) drops its time axis from the matmuls: with it, XLA:CPU leaves the matmul library for
   a generic dot several times slower."""
-  H = q_BxTxKxGxH.shape[-1]
   k_spec, v_spec = specs
   if q_BxTxKxGxH.shape[1] == 1:
     q, q_spec, s_spec, mask = q_BxTxKxGxH[:, 0], "bkgh", "bkgs", mask_BxTxS[:, None]
   else:
     q, q_spec, s_spec, mask = q_BxTxKxGxH, "btkgh", "bkgts", mask_BxTxS[:, None, None]
   scores = jnp.einsum(f"{q_spec},{k_spec}->{s_spec}", q, k.astype(dtype),
-                      preferred_element_type=jnp.float32) * (H ** -0.5)
+                      preferred_element_type=jnp.float32) * scale
   probs = jax.nn.softmax(jnp.where(mask, scores, _MASKED), axis=-1).astype(dtype)
   out = jnp.einsum(f"{s_spec},{v_spec}->{q_spec}", probs, v.astype(dtype))
   return out[:, None] if q_BxTxKxGxH.shape[1] == 1 else out  # [B, T, K, G, H]
 
 
-def _attend_fused(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, attention: str) -> jax.Array:
-  """softmax(q k^T / sqrt(H)) v through jax.nn.dot_product_attention; query head n uses kv head n // G (GQA),
+def _attend_fused(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, attention: str, scale: float) -> jax.Array:
+  """softmax(q k^T * scale) v through jax.nn.dot_product_attention; query head n uses kv head n // G (GQA),
   the same grouping as `_attend`'s [K, G] split. Scores and softmax are float32 in every implementation."""
-  H = q_BxTxNxH.shape[-1]
-  return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=mask_BxTxS[:, None], scale=H ** -0.5,
+  return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=mask_BxTxS[:, None], scale=scale,
                                       implementation=_DPA_IMPLEMENTATION[attention])  # [B, T, N, H]
 
 
@@ -120,12 +125,12 @@ class Attention(nnx.Module):
     self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, use_bias=c.qkv_bias, **kw)
     self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, use_bias=c.o_bias, **kw)
     if c.qk_norm:
-      self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
-      self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype)
+      self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype, c.gemma)
+      self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype, c.gemma)
     else:
       self.q_norm = self.k_norm = None
     self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    self.dtype = dtype
+    self.dtype, self.scale = dtype, c.query_scale
 
   def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache=None, layer_index=None, cache_index=None,
                attention: str = "reference"):
@@ -146,41 +151,52 @@ class Attention(nnx.Module):
       cache = cache.write(layer_index, k_BxTxKxH, v_BxTxKxH, cache_index)
       k_BxKxHxS, v_BxKxSxH = cache.read(layer_index, self.dtype)  # see rollout.kv_cache
       out = _attend(q_BxTxNxH.reshape(B, T, K, G, H), k_BxKxHxS, v_BxKxSxH, mask_BxTxS, ("bkhs", "bksh"),
-                    self.dtype)
+                    self.dtype, self.scale)
     elif attention == "reference":  # keys and values as computed: [B, S=T, K, H]
       out = _attend(q_BxTxNxH.reshape(B, T, K, G, H), k_BxTxKxH, v_BxTxKxH, mask_BxTxS, ("bskh", "bskh"),
-                    self.dtype)
+                    self.dtype, self.scale)
     else:
-      out = _attend_fused(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS, attention)
+      out = _attend_fused(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask_BxTxS, attention, self.scale)
     return self.o_proj(out.reshape(B, T, K * G * H)), cache  # out: [B, T, K, G, H] or [B, T, N, H]
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)); GeGLU (hidden_act gelu_tanh, Gemma): gelu_tanh in place of silu."""
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
     c, kw = config, dict(use_bias=config.mlp_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.gate_proj = Linear(c.hidden_size, c.intermediate_size, **kw)
     self.up_proj = Linear(c.hidden_size, c.intermediate_size, **kw)
     self.down_proj = Linear(c.intermediate_size, c.hidden_size, **kw)
+    self.gelu = c.hidden_act == "gelu_tanh"
 
   def __call__(self, x_BxTxD):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x_BxTxD)) * self.up_proj(x_BxTxD))
+    gate_BxTxF = self.gate_proj(x_BxTxD)
+    act_BxTxF = jax.nn.gelu(gate_BxTxF, approximate=True) if self.gelu else jax.nn.silu(gate_BxTxF)
+    return self.down_proj(act_BxTxF * self.up_proj(x_BxTxD))
 
 
 class DecoderLayer(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
-    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
+    kw, norm = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs), (config.rms_norm_eps, param_dtype, config.gemma)
+    self.input_layernorm = RMSNorm(config.hidden_size, *norm)
     self.self_attn = Attention(config, **kw)
-    self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
+    self.post_attention_layernorm = RMSNorm(config.hidden_size, *norm)
+    if config.gemma:  # post_attention_layernorm normalizes the attention output; two more norms around the MLP
+      self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, *norm)
+      self.post_feedforward_layernorm = RMSNorm(config.hidden_size, *norm)
+    else:
+      self.pre_feedforward_layernorm = self.post_feedforward_layernorm = None
     self.mlp = MLP(config, **kw)
 
   def __call__(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache=None, layer_index=None, cache_index=None,
                attention: str = "reference"):
     attn_BxTxD, cache = self.self_attn(self.input_layernorm(x_BxTxD), cos_BxTxH, sin_BxTxH, mask_BxTxS, cache,
                                        layer_index, cache_index, attention)
+    if self.pre_feedforward_layernorm is not None:  # Gemma: norms on both sides of attention and the MLP
+      x_BxTxD = x_BxTxD + self.post_attention_layernorm(attn_BxTxD)
+      return x_BxTxD + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x_BxTxD))), cache
     x_BxTxD = x_BxTxD + attn_BxTxD
     x_BxTxD = x_BxTxD + self.mlp(self.post_attention_layernorm(x_BxTxD))
     return x_BxTxD, cache
@@ -204,12 +220,13 @@ def _scanned_layers(graphdef, attention: str, remat: str):
   description, so an eager call does not retrace the scan (inside an outer jit it is inlined)."""
   step = functools.partial(_layer_step, graphdef, attention, remat, True)
 
-  def run(x_BxTxD, stacked_state, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L):
-    if keep_L is None:
-      body = lambda x, layer_state: (step(x, layer_state, cos_BxTxH, sin_BxTxH, mask_BxTxS), None)
-      return jax.lax.scan(body, x_BxTxD, stacked_state)[0]
-    body = lambda x, xs: (jnp.where(xs[1], step(x, xs[0], cos_BxTxH, sin_BxTxH, mask_BxTxS), x), None)
-    return jax.lax.scan(body, x_BxTxD, (stacked_state, keep_L))[0]
+  def run(x_BxTxD, stacked_state, per_kind, kind_L, keep_L):
+    """per_kind, kind_L: attention_kinds.layer_inputs (kind_L None: one kind); keep_L: None or bool [L]."""
+    def body(x_BxTxD, xs):
+      layer_state, kind, keep = xs
+      y_BxTxD = step(x_BxTxD, layer_state, *attention_kinds.pick(per_kind, kind))
+      return (y_BxTxD if keep is None else jnp.where(keep, y_BxTxD, x_BxTxD)), None
+    return jax.lax.scan(body, x_BxTxD, (stacked_state, kind_L, keep_L))[0]
 
   return jax.jit(run)
 
@@ -239,10 +256,10 @@ class Decoder(nnx.Module):
     self.config = config
     self.dtype = dtype
     self.attention, self.scan_layers, self.remat = attention, bool(scan_layers), remat
-    self.embed_tokens = Embed(config.vocab_size, config.hidden_size, **kw)
+    self.embed_tokens = Embed(config.vocab_size, config.hidden_size, scale=config.embed_scale, **kw)
     layers = [DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)]  # one init for either storage
     self.layers = layer_stack.stack_modules(layers) if self.scan_layers else nnx.List(layers)
-    self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype)
+    self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype, config.gemma)
     self.lm_head = None if config.tie_word_embeddings else Linear(
         config.hidden_size, config.vocab_size, use_bias=False, **kw)
 
@@ -279,20 +296,19 @@ class Decoder(nnx.Module):
     if cache is None:
       slots_T = jnp.arange(T)
       mask_BxTxS = (slots_T[None, :, None] >= slots_T[None, None, :]) & valid_BxT[:, None, :]
+      query_BxT = lambda: jnp.broadcast_to(slots_T[None], (B, T))
     else:
       cache, mask_BxTxS = cache.begin(valid_BxT, cache_index)
-    freqs_BxTxH2 = positions_BxT[..., None].astype(jnp.float32) * jnp.asarray(
-        rope_inv_freq(self.config), jnp.float32)[None, None, :]
-    emb_BxTxH = jnp.concatenate([freqs_BxTxH2, freqs_BxTxH2], axis=-1)
-    cos_BxTxH, sin_BxTxH = jnp.cos(emb_BxTxH).astype(self.dtype), jnp.sin(emb_BxTxH).astype(self.dtype)
+      query_BxT = functools.partial(cache.query_slots_BxT, T, cache_index)
+    per_kind, kind_L = attention_kinds.layer_inputs(self.config, positions_BxT, mask_BxTxS, query_BxT, self.dtype)
 
     x_BxTxD = self.embed_tokens(tokens_BxT)
     if cache is None:
-      x_BxTxD = self._run_layers(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, layer_keep_L)
+      x_BxTxD = self._run_layers(x_BxTxD, per_kind, kind_L, layer_keep_L)
     else:
       if layer_keep_L is not None:
         raise InputError("layer_keep_L applies without a cache only")
-      x_BxTxD, cache = self._run_layers_cached(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, cache_index)
+      x_BxTxD, cache = self._run_layers_cached(x_BxTxD, per_kind, kind_L, cache, cache_index)
       cache = cache.end()
     if span is not None:
       x_BxTxD = x_BxTxD[:, span[0]:span[1]]
@@ -310,34 +326,36 @@ class Decoder(nnx.Module):
     how, states = layer_stack.layer_states(state)
     return how, (graphdef if how == "scan" else [graphdef] * len(states)), states
 
-  def _run_layers(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, keep_L=None):
+  def _run_layers(self, x_BxTxD, per_kind, kind_L, keep_L=None):
     """x <- layer_l(x) for l = 0 .. L-1 (where keep_L[l], when given) without a cache: one scanned body over the
-    stacked state, or a loop over per-layer states."""
+    stacked state, or a loop over per-layer states. per_kind, kind_L: attention_kinds.layer_inputs."""
     if self.attention != "reference":  # a query with no real key (pure left padding) attends to itself
-      T = mask_BxTxS.shape[1]
-      lonely_BxT = ~jnp.any(mask_BxTxS, axis=-1)
-      mask_BxTxS = mask_BxTxS | (lonely_BxT[:, :, None] & jnp.eye(T, dtype=bool)[None])
+      def self_when_lonely(mask_BxTxS):
+        lonely_BxT = ~jnp.any(mask_BxTxS, axis=-1)
+        return mask_BxTxS | (lonely_BxT[:, :, None] & jnp.eye(mask_BxTxS.shape[1], dtype=bool)[None])
+      per_kind = tuple((cos, sin, self_when_lonely(mask)) for cos, sin, mask in per_kind)
     how, graphdef, states = self._layer_states()
-    consts = (cos_BxTxH, sin_BxTxH, mask_BxTxS)
     if how == "scan":
-      return _scanned_layers(graphdef, self.attention, self.remat)(x_BxTxD, states, *consts, keep_L)
+      return _scanned_layers(graphdef, self.attention, self.remat)(x_BxTxD, states, per_kind, kind_L, keep_L)
     for index, (layer_graphdef, layer_state) in enumerate(zip(graphdef, states)):
+      consts = attention_kinds.pick(per_kind, self.config.kinds_L[index])
       y_BxTxD = _layer_step(layer_graphdef, self.attention, self.remat, False, x_BxTxD, layer_state, *consts)
       x_BxTxD = y_BxTxD if keep_L is None else jnp.where(keep_L[index], y_BxTxD, x_BxTxD)
     return x_BxTxD
 
-  def _run_layers_cached(self, x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, cache_index):
+  def _run_layers_cached(self, x_BxTxD, per_kind, kind_L, cache, cache_index):
     """(x, cache) through every layer with a KV cache: scanned over the stacked state with the cache in the
     carry (each layer writes its slice in place), or a loop over per-layer states."""
     how, graphdef, states = self._layer_states()
 
-    def step(x_BxTxD, cache, layer_graphdef, layer_state, layer):
+    def step(x_BxTxD, cache, layer_graphdef, layer_state, layer, kind):
+      cos_BxTxH, sin_BxTxH, mask_BxTxS = attention_kinds.pick(per_kind, kind)
       return nnx.merge(layer_graphdef, layer_state)(x_BxTxD, cos_BxTxH, sin_BxTxH, mask_BxTxS, cache, layer,
                                                     cache_index)
     if how == "scan":
       body = lambda carry, xs: (step(*carry, graphdef, *xs), None)
       layers_L = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
-      return jax.lax.scan(body, (x_BxTxD, cache), (states, layers_L))[0]
+      return jax.lax.scan(body, (x_BxTxD, cache), (states, layers_L, kind_L))[0]
     for layer, (layer_graphdef, layer_state) in enumerate(zip(graphdef, states)):
-      x_BxTxD, cache = step(x_BxTxD, cache, layer_graphdef, layer_state, layer)
+      x_BxTxD, cache = step(x_BxTxD, cache, layer_graphdef, layer_state, layer, self.config.kinds_L[layer])
     return x_BxTxD, cache

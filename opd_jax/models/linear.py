@@ -50,18 +50,25 @@ class Linear(nnx.Module):
 
 
 class Embed(nnx.Module):
-  """Token embedding table [V, D]; `attend` is the tied output head."""
+  """Token embedding table [V, D]; `attend` is the tied output head. scale (Gemma: sqrt(D)): looked-up rows are
+  multiplied by it in the table's dtype, as HF does (so a bf16 table uses the bf16-rounded scale); the output
+  head is not scaled."""
 
-  def __init__(self, vocab_size: int, features: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+  def __init__(self, vocab_size: int, features: int, *, dtype, param_dtype, rngs: nnx.Rngs,
+               scale: float | None = None):
     self.embedding = nnx.Param(jax.random.normal(rngs.params(), (vocab_size, features), param_dtype) * 0.02)
-    self.dtype = dtype
+    self.dtype, self.scale = dtype, scale
 
   def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
     table = self.embedding.get_value()
     if hasattr(table, "dequant"):  # quantized table (per-row scales): dequantize only the rows looked up
       with jax.named_scope(DEQUANT_SCOPE):
-        return table[tokens_BxT].dequant().astype(self.dtype)
-    return jnp.take(table, tokens_BxT, axis=0).astype(self.dtype)
+        rows_BxTxD = table[tokens_BxT].dequant()
+    else:
+      rows_BxTxD = jnp.take(table, tokens_BxT, axis=0)
+    if self.scale is not None:
+      rows_BxTxD = rows_BxTxD * jnp.asarray(self.scale, rows_BxTxD.dtype)
+    return rows_BxTxD.astype(self.dtype)
 
   def attend(self, x_BxTxD: jax.Array, out_dtype=None) -> jax.Array:
     table_VxD = materialize(self.embedding.get_value(), self.dtype)

@@ -139,6 +139,10 @@ class KVCache:
     key_slots_S = jnp.arange(self.slots)
     return cache, (query_slots_T[None, :, None] >= key_slots_S[None, None, :]) & cache.valid_BxS[:, None, :]
 
+  def query_slots_BxT(self, T: int, index) -> jax.Array:
+    """The slot of each of T new tokens written at `index` (what a sliding window counts back from)."""
+    return jnp.broadcast_to(index + jnp.arange(T, dtype=jnp.int32)[None], (self.valid_BxC.shape[0], T))
+
   def end(self) -> "KVCache":
     """After the forward (every layer written): nothing to do for a contiguous cache."""
     return self

@@ -77,6 +77,11 @@ class PagedKVCache:
     mask_BxTxS = (key_S[None, None, :] <= query_BxT[:, :, None]) & (key_S[None, None, :] < total_B[:, None, None])
     return self.replace(new_BxT=valid_BxT.astype(bool)), mask_BxTxS
 
+  def query_slots_BxT(self, T: int, index=None) -> jax.Array:
+    """The slot of each of T new tokens: its row's length onwards (what a sliding window counts back from)."""
+    del index
+    return self.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+
   def end(self) -> "PagedKVCache":
     return self.replace(lengths_B=self.lengths_B + jnp.sum(self.new_BxT, axis=1, dtype=jnp.int32))
 
