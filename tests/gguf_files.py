@@ -1,6 +1,8 @@
 """Tiny GGUF checkpoints written by the tests themselves (with the `gguf` package), laid out as llama.cpp's
 converter lays them out: quantized projections (Q4_1), a Q8_0 embedding, llama's q / k rows permuted for
-interleaved RoPE, and a byte-level BPE tokenizer with a ChatML template in the metadata."""
+interleaved RoPE, and a byte-level BPE tokenizer with a ChatML template in the metadata; or gemma3 (`write_gemma3_gguf`):
+Gemma's (1 + weight) norms stored with the 1 folded in, four norms per block, a sliding window, and a SentencePiece
+vocabulary (byte fallback, no merges: the converter rebuilds them from the token order)."""
 
 from __future__ import annotations
 
@@ -103,6 +105,82 @@ def write_gguf(path: str, arch: str = "llama", seed: int = 0, pre: str = "smollm
     if arch == "qwen3":
       put(f"blk.{i}.attn_q_norm.weight", 1 + rng.normal(0, 0.1, h), F32)
       put(f"blk.{i}.attn_k_norm.weight", 1 + rng.normal(0, 0.1, h), F32)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+GEMMA_PIECES = ["\u2581", "\u2581t", "he", "\u2581the", "in", "\u2581a", "ca", "\u2581ca", "\u2581cap", "12", "\u258112"]
+# layers 0-4 sliding, layer 5 full (llama.cpp's gemma3 pattern); head_dim 256 as in Gemma 3 270M (transformers'
+# GGUF loading assumes query_pre_attn_scalar 256, llama.cpp scales by head_dim: they agree only there)
+GEMMA_SHAPE = dict(SHAPE, layers=6, window=4, head_dim=256)
+
+
+def gemma_tokens() -> tuple[list[str], list[int], list[float]]:
+  """(tokens, token types, scores): specials (control; <unk> unknown), the 256 byte-fallback tokens, single
+  characters, then merged pieces."""
+  chars = sorted(set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+=?:,.!\n\t"))
+  vocab = GEMMA_SPECIAL + [f"<0x{b:02X}>" for b in range(256)] + chars + GEMMA_PIECES
+  types = [3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * (len(chars) + len(GEMMA_PIECES))
+  return vocab, types, [0.0] * len(vocab)
+
+
+def write_gemma3_gguf(path: str, seed: int = 0) -> None:
+  """A random gemma3 model at GEMMA_SHAPE, laid out as llama.cpp's converter writes one."""
+  import gguf
+  Q4, Q8, F32 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+  s = GEMMA_SHAPE
+  vocab, types, scores = gemma_tokens()
+  rng = np.random.default_rng(seed)
+  w = gguf.GGUFWriter(path, "gemma3")
+  w.add_block_count(s["layers"])
+  w.add_context_length(256)
+  w.add_embedding_length(s["hidden"])
+  w.add_feed_forward_length(s["ffn"])
+  w.add_head_count(s["heads"])
+  w.add_head_count_kv(s["kv_heads"])
+  w.add_key_length(s["head_dim"])
+  w.add_value_length(s["head_dim"])
+  w.add_rope_freq_base(1000000.0)
+  w.add_layer_norm_rms_eps(1e-6)
+  w.add_sliding_window(s["window"])
+  w.add_tokenizer_model("llama")
+  w.add_tokenizer_pre("default")
+  w.add_token_list(vocab)
+  w.add_token_types(types)
+  w.add_token_scores(scores)
+  w.add_bos_token_id(2)
+  w.add_eos_token_id(1)
+  w.add_unk_token_id(3)
+  w.add_pad_token_id(0)
+  w.add_add_bos_token(True)
+  w.add_add_space_prefix(False)
+
+  def put(name, array, kind):
+    array = array.astype(np.float32)
+    if kind == F32:
+      w.add_tensor(name, array)
+    else:
+      w.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+
+  d, h, q, kv = s["hidden"], s["head_dim"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+  norm = lambda n: 1 + rng.normal(0, 0.1, n)  # llama.cpp writes Gemma's norm weights + 1
+  put("token_embd.weight", rng.normal(0, 0.5, (len(vocab), d)), Q8)
+  put("output_norm.weight", norm(d), F32)
+  for i in range(s["layers"]):
+    put(f"blk.{i}.attn_q.weight", rng.normal(0, d ** -0.5, (q, d)), Q4)
+    put(f"blk.{i}.attn_k.weight", rng.normal(0, d ** -0.5, (kv, d)), Q4)
+    put(f"blk.{i}.attn_v.weight", rng.normal(0, d ** -0.5, (kv, d)), Q4)
+    put(f"blk.{i}.attn_output.weight", rng.normal(0, q ** -0.5, (d, q)), Q4)
+    put(f"blk.{i}.ffn_gate.weight", rng.normal(0, d ** -0.5, (s["ffn"], d)), Q4)
+    put(f"blk.{i}.ffn_up.weight", rng.normal(0, d ** -0.5, (s["ffn"], d)), Q4)
+    put(f"blk.{i}.ffn_down.weight", rng.normal(0, s["ffn"] ** -0.5, (d, s["ffn"])), Q4)
+    for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+      put(f"blk.{i}.{name}.weight", norm(d), F32)
+    put(f"blk.{i}.attn_q_norm.weight", norm(h), F32)
+    put(f"blk.{i}.attn_k_norm.weight", norm(h), F32)
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()

@@ -13,7 +13,7 @@ from opd_jax.errors import InputError
 from opd_jax.models import layer_stack, load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models.gguf_import import import_gguf
 from opd_jax.models.tokenizer import encode_prompt
-from tests.gguf_files import CHAT_TEMPLATE, SHAPE, write_gguf
+from tests.gguf_files import CHAT_TEMPLATE, GEMMA_SHAPE, SHAPE, write_gemma3_gguf, write_gguf
 
 TEXTS = ["the cap in a cat", "12 + 345 = 357\n\n  héllo, wörld! <|im_end|> tab\there", "Ġ and ĉ are plain text"]
 
@@ -31,12 +31,18 @@ def imported(tmp_path_factory):
     summary = import_gguf(str(d / "m.gguf"), str(d / "hf"))
     assert not summary["skipped"] and summary["architecture"] == arch
     out[arch] = (str(d), "m.gguf", str(d / "hf"))
+  d = root / "gemma3"
+  d.mkdir()
+  write_gemma3_gguf(str(d / "m.gguf"))
+  assert import_gguf(str(d / "m.gguf"), str(d / "hf"))["architecture"] == "gemma3_text"
+  out["gemma3"] = (str(d), "m.gguf", str(d / "hf"))
   return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_logits_and_tensors_match_transformers_gguf_loading(imported, arch):
-  """transformers dequantizes and un-permutes the same file its own way: tensors and float32 logits agree."""
+  """transformers dequantizes and un-permutes the same file its own way (and takes 1 off Gemma's norms): tensors
+  and float32 logits agree; gemma3's 24 tokens cross its window of 4."""
   torch = pytest.importorskip("torch")
   from transformers import AutoModelForCausalLM
   from safetensors.numpy import load_file
@@ -72,6 +78,22 @@ def test_qwen3_import_matches_transformers_on_the_written_directory(imported):
   with torch.no_grad():
     want = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(np.asarray(model(jnp.asarray(tokens))), want, atol=5e-5, rtol=0)
+
+
+def test_gemma3_config_and_tokenizer_match_transformers(imported):
+  """The layer pattern, window and query scaling llama.cpp leaves implicit; the SentencePiece vocabulary tokenizes
+  as transformers' GGUF tokenizer does (byte fallback for unknown characters, BOS added when asked)."""
+  from transformers import AutoTokenizer
+  folder, name, hf = imported["gemma3"]
+  config = read_hf_config(hf)
+  assert config.kinds_L == (1, 1, 1, 1, 1, 0) and config.sliding_window == GEMMA_SHAPE["window"]
+  assert config.query_scale == GEMMA_SHAPE["head_dim"] ** -0.5 and config.tie_word_embeddings
+  ours, theirs = load_tokenizer(hf), AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  for text in TEXTS + ["the cap 12 héllo", "<start_of_turn>user\nthe cap<end_of_turn>"]:
+    for special in (True, False):
+      assert ours.encode(text, add_special_tokens=special) == theirs.encode(text, add_special_tokens=special), text
+    assert ours.decode(ours.encode(text, add_special_tokens=False)) == text
+  assert ours.encode("the", add_special_tokens=True)[0] == 2  # <bos>
 
 
 def test_config_files_and_marker(imported):

