@@ -8,8 +8,9 @@ import tomllib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "opd_jax")
 # Lowest first; a module may import its own package and any package of a lower layer.
-LAYERS = [{"errors"}, {"models", "cluster"}, {"data"}, {"rollout", "objectives"}, {"mismatch", "prepare", "serving"}, {"spec"}, {"train"},
-          {"screening"}, {"planning"}, {"experiments"}, {"bench"}]
+LAYERS = [{"errors"}, {"models", "cluster"}, {"data"}, {"rollout", "objectives"},
+          {"mismatch", "prepare", "serving", "crosstok"}, {"spec"}, {"train"}, {"screening"}, {"planning"},
+          {"experiments"}, {"bench"}]
 
 
 def _layer(package: str) -> int:

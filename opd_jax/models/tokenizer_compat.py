@@ -34,10 +34,13 @@ class PairVocab:
   student_vocab_size: int
   tokenizer_size: int | None  # the data tokenizer's max token id + 1; None when it has no tokenizer files
   tokenizers_compared: bool  # False: a model dir has no tokenizer files, so only vocab sizes were checked
+  cross_tokenizer: bool = False  # each model keeps its own tokenizer and vocabulary (opd_jax/crosstok)
 
   def slice_to(self, role: str) -> int | None:
     """`vocab_size=` for load_pretrained of 'teacher' or 'student': the common size where that model's is
-    larger, else None (load it whole)."""
+    larger, else None (load it whole; always with cross_tokenizer)."""
+    if self.cross_tokenizer:
+      return None
     own = {"teacher": self.teacher_vocab_size, "student": self.student_vocab_size}[role]
     return self.vocab_size if own > self.vocab_size else None
 
@@ -85,7 +88,8 @@ def _compare(reference: _Summary, other: _Summary, ref_label: str, other_label: 
              other_role: str) -> None:
   """Raises unless `other` gives every token of `reference` the same id and has the same special tokens."""
   what_to_do = ("OPD scores the student's tokens with the teacher, so pick a pair that shares a tokenizer "
-                "(e.g. two sizes of one model family)")
+                "(e.g. two sizes of one model family), or set cross_tokenizer.enabled=True to score the student's "
+                "text with the teacher's own tokenizer")
   other_vocab = other.vocab
   differ = [token for token, i in reference.vocab.items() if other_vocab.get(token) != i]
   if differ:

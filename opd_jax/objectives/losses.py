@@ -6,7 +6,10 @@ tokens a_t. Log-probs and logits are float32.
 
   reverse_kl_pg  the standard OPD policy gradient. A_t = log pi_T(a_t) - log pi_S(a_t) (stop-gradient), where
                  pi_S is the learner's recomputation (default) or the sampler's log-prob (config
-                 `student_logp`). loss = -mean_t(w_t * A_t * log pi_theta(a_t)); its expected gradient is the
+                 `student_logp`). With a teacher of another tokenizer (opd_jax.crosstok) a_t is replaced by the
+                 span of characters around it that both tokenizations delimit, and both log-probs are the span's
+                 (sums over its tokens): the same quantity, exact for either tokenizer; a span of one token is
+                 the token's. loss = -mean_t(w_t * A_t * log pi_theta(a_t)); its expected gradient is the
                  gradient of KL(pi_theta || pi_T) along the sampled prefixes. w_t (detached):
                    none  1
                    tis   min(pi_theta / mu, C)                          (truncated importance sampling)
@@ -59,6 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from opd_jax.errors import InputError
+from opd_jax.objectives.spans import span_total
 
 IMPORTANCE = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
 SEQUENCE_IMPORTANCE = ("seq_tis", "geo_tis", "geo_reject")
@@ -241,6 +245,9 @@ class LossInputs:
   mask_BxR: jax.Array
   divergence_BxR: jax.Array | None = None  # vocabulary objectives: per-token divergence, differentiable
   advantage_B: jax.Array | None = None  # grpo: group-standardized reward of each response
+  # cross-tokenizer runs: each token's span in its row (opd_jax.crosstok); teacher_logp_BxR is then the teacher's
+  # log-prob of the token's whole span, and reverse_kl_pg compares it with the student's span total
+  span_BxR: jax.Array | None = None
 
 
 def _weights(x: LossInputs, c: ObjectiveConfig) -> jax.Array:
@@ -263,6 +270,8 @@ def effective_sample_size(aux: dict) -> jax.Array | None:
 
 def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
   student_logp = x.learner_logp_BxR if c.student_logp == "learner" else x.sampler_logp_BxR
+  if x.span_BxR is not None:  # span form: A_t = log pi_T(span of t) - log pi_S(span of t) (opd_jax.crosstok)
+    student_logp = span_total(student_logp * x.mask_BxR, x.span_BxR, x.span_BxR)
   advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_logp)
   weights_BxR = _weights(x, c)
   return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"advantage": advantage_BxR, **_weight_sums(weights_BxR)}

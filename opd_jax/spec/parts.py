@@ -222,6 +222,35 @@ class ServedSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class CrossTokenizerSpec:
+  """A teacher with its own tokenizer and prompt format (config.cross_tokenizer; opd_jax/crosstok)."""
+  enabled: bool = False
+  teacher_format: str = "chat"  # "chat" | "plain" | a template with {prompt} (opd_jax/crosstok/formats.py)
+  teacher_end: str = ""  # the teacher token the student's EOS is scored against; "" = its tokenizer's EOS
+  max_teacher_prompt_tokens: int = 0  # Pt; 0 = 2 x data.max_prompt_tokens
+  max_teacher_response_tokens: int = 0  # Rt; 0 = 2 x rollout.max_new_tokens
+
+  @classmethod
+  def from_section(cls, section) -> "CrossTokenizerSpec":
+    spec = cls(**_values(cls, section or {}, "cross_tokenizer"))
+    if not isinstance(spec.enabled, bool):
+      raise InputError(f"cross_tokenizer.enabled must be True or False, got {spec.enabled!r}")
+    for field in ("teacher_format", "teacher_end"):
+      if not isinstance(getattr(spec, field), str):
+        raise InputError(f"cross_tokenizer.{field} must be a string, got {getattr(spec, field)!r}")
+    for field in ("max_teacher_prompt_tokens", "max_teacher_response_tokens"):
+      if not _is_int(getattr(spec, field)) or getattr(spec, field) < 0:
+        raise InputError(f"cross_tokenizer.{field} must be an integer >= 0 (0 = twice the student's), got "
+                         f"{getattr(spec, field)!r}")
+    return spec
+
+  def lengths(self, max_prompt_tokens: int, max_new_tokens: int) -> tuple[int, int]:
+    """(Pt, Rt): the teacher's static prompt and response lengths."""
+    return (self.max_teacher_prompt_tokens or 2 * max_prompt_tokens,
+            self.max_teacher_response_tokens or 2 * max_new_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
 class TeacherSpec:
   """One teacher: config.teacher (named routing.teacher_name) or an entry of config.teachers."""
   name: str

@@ -1,7 +1,8 @@
 """RunSpec: the typed, checked form of a training config.
 
 `RunSpec.from_config(config)` is where a ConfigDict stops: it returns frozen parts (pair, data, train, optimizer,
-mesh, rollout, the objective in the form the run trains, teachers, served-teacher client settings) and runs every
+mesh, rollout, the objective in the form the run trains, teachers, served-teacher client settings, a teacher of
+another tokenizer) and runs every
 check that needs no model loaded, each error naming its field and what to do. Nothing below the entry points
 receives a ConfigDict.
 
@@ -19,12 +20,14 @@ import jax
 from opd_jax.errors import InputError
 from opd_jax.models import read_hf_config
 from opd_jax.models import sharding as shard_lib
+from opd_jax.models.tokenizer import has_tokenizer
 from opd_jax.models.tokenizer_compat import PairVocab, check_pair
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout import placement
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.serving.client import check_endpoint
-from opd_jax.spec.parts import DataSpec, MeshSpec, OptimizerSpec, PairSpec, ServedSpec, TrainSpec
+from opd_jax.spec.parts import (CrossTokenizerSpec, DataSpec, MeshSpec, OptimizerSpec, PairSpec, ServedSpec,
+                                TrainSpec)
 from opd_jax.spec.teachers import Teachers
 
 FULL_VOCAB_OVER_THE_WIRE = 1024  # largest vocabulary whose whole log-prob vector a served teacher sends per token
@@ -46,6 +49,7 @@ class RunSpec:
   seed: int  # sampling keys and everything random in the run
   group_size: int  # responses per distinct prompt (grpo's group_size, else rollout.samples_per_prompt)
   config_json: str  # the config as given, for the run directory's config.json
+  cross: CrossTokenizerSpec = CrossTokenizerSpec()  # a teacher with its own tokenizer (opd_jax/crosstok)
 
   @classmethod
   def from_config(cls, config, device_count: int | None = None, models=None) -> "RunSpec":
@@ -80,15 +84,49 @@ class RunSpec:
         raise InputError(f"data.max_prompt_tokens + rollout.max_new_tokens = {data.max_prompt_tokens} + "
                          f"{rollout.max_new_tokens} exceeds the {role}'s max_position_embeddings "
                          f"{model.max_position_embeddings}; shorten one of them")
-    vocab = check_pair(pair.teacher, pair.student, teacher, student, tokenizer_dir=pair.tokenizer or None) \
-        if models is None else PairVocab(min(teacher.vocab_size, student.vocab_size), teacher.vocab_size,
-                                         student.vocab_size, None, False)
+    cross = CrossTokenizerSpec.from_section(config.get("cross_tokenizer"))
     teachers = Teachers.from_config(config)
+    if cross.enabled:
+      _check_cross(cross, objective, teachers, train, pair, teacher, data.max_prompt_tokens, rollout.max_new_tokens)
+      vocab = PairVocab(student.vocab_size, teacher.vocab_size, student.vocab_size, None, False, cross_tokenizer=True)
+    elif models is None:
+      vocab = check_pair(pair.teacher, pair.student, teacher, student, tokenizer_dir=pair.tokenizer or None)
+    else:
+      vocab = PairVocab(min(teacher.vocab_size, student.vocab_size), teacher.vocab_size, student.vocab_size, None,
+                        False)
     objective = teachers.check(objective, vocab, max_tokens, student=pair.student, tokenizer=pair.tokenizer,
                                eval_teacher_forced=train.eval_teacher_forced)
     objective = served_objective(teachers, served, rollout, objective, vocab.vocab_size)
     return cls(pair, vocab, data, train, optimizer, mesh, rollout, objective, teachers, served, config.seed, group,
-               config.to_json(indent=2))
+               config.to_json(indent=2), cross)
+
+
+def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers: Teachers, train: TrainSpec,
+                 pair: PairSpec, teacher, max_prompt_tokens: int, max_new_tokens: int) -> None:
+  """What a cross-tokenizer run supports today: the span form of reverse_kl_pg, one teacher in this process, both
+  models with their own tokenizer files, and the teacher's static lengths within its context."""
+  if objective.name != "reverse_kl_pg":
+    raise InputError(f"cross_tokenizer.enabled=True trains the span form of reverse_kl_pg; objective.name="
+                     f"{objective.name!r} compares distributions over one vocabulary; set objective.name="
+                     "'reverse_kl_pg'")
+  if teachers.multi or teachers.endpoints:
+    raise InputError("cross_tokenizer.enabled=True scores with one teacher in this process for now; leave "
+                     "config.teachers empty and config.teacher_endpoint ''")
+  if train.eval_teacher_forced:
+    raise InputError("train.eval_teacher_forced scores the teacher's greedy responses with the student's tokenizer; "
+                     "set it to False with cross_tokenizer.enabled=True")
+  if pair.tokenizer:
+    raise InputError("config.tokenizer names one data tokenizer for both models; with cross_tokenizer.enabled=True "
+                     "each model uses its own checkpoint's tokenizer: leave config.tokenizer ''")
+  for role, path in (("teacher", pair.teacher), ("student", pair.student)):
+    if not has_tokenizer(path):
+      raise InputError(f"cross_tokenizer.enabled=True needs the {role}'s tokenizer, but {path!r} has no tokenizer "
+                       "files; copy them there")
+  prompt, response = cross.lengths(max_prompt_tokens, max_new_tokens)
+  if prompt + response > teacher.max_position_embeddings:
+    raise InputError(f"the teacher's prompt + response lengths {prompt} + {response} exceed its "
+                     f"max_position_embeddings {teacher.max_position_embeddings}; lower "
+                     "cross_tokenizer.max_teacher_prompt_tokens / max_teacher_response_tokens")
 
 
 def devices_named(mesh: MeshSpec, rollout: RolloutConfig) -> int:

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from opd_jax.errors import InputError
+from opd_jax.objectives.logprobs import Scores
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler
@@ -56,7 +57,7 @@ class RolloutProducer:
   def __init__(self, *, student_graphdef, teacher_graphdef, teacher_state, rollout: RolloutConfig, sampler: Sampler,
                objective: ObjectiveConfig, put_batch, put_sampler_batch=None, learner_rows=None, seed: int,
                logits_chunk: int = 0, reward_fn: Callable | None = None, group_size: int = 1,
-               teacher_score=None, student_score=None, teachers=None, routes=None):
+               teacher_score=None, student_score=None, teachers=None, routes=None, cross=None):
     """put_batch / put_sampler_batch: host batch -> the learner's / the sampler's batch layout (default: the
     learner's); learner_rows: the learner's batch sharding, which sampler outputs are moved to when the
     sampler has a layout of its own. logits_chunk: tokens (rows x positions) per vocabulary chunk when
@@ -65,7 +66,10 @@ class RolloutProducer:
     reward_fn(index_B, tokens_BxR, mask_BxR) -> float reward_B (numpy, on the host): attach rewards (GRPO).
     teacher_score / student_score: the scoring programs when already built (opd_jax.train.programs builds them
     either way). teachers / routes: the run's opd_jax.train.teachers.TeacherSet (in process or served) and each
-    training problem's teacher (int [problems]; None with one teacher); they score instead of teacher_score."""
+    training problem's teacher (int [problems]; None with one teacher); they score instead of teacher_score.
+    cross: an opd_jax.crosstok.scoring.CrossTokenizerScorer (a teacher of another tokenizer), which scores instead
+    of both: each token gets its span's teacher log-prob and the batch its spans (tokens of no span leave the
+    mask)."""
     if sampler.config.samples_per_prompt != group_size:
       raise InputError(f"the sampler prefills groups of {sampler.config.samples_per_prompt} rows but batches "
                        f"come in groups of {group_size}")
@@ -73,7 +77,7 @@ class RolloutProducer:
     self.put_sampler_batch, self.learner_rows = put_sampler_batch or put_batch, learner_rows
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
-    self.teachers, self.routes = teachers, routes
+    self.teachers, self.routes, self.cross = teachers, routes, cross
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
                                                                     rollout.temperature, logits_chunk)
@@ -83,7 +87,8 @@ class RolloutProducer:
   def engine_stats(self) -> dict:
     """The paged engine's statistics of the latest batch, as metrics (none with the static engine)."""
     stats = getattr(self.sampler, "last_stats", None) or {}
-    return {f"rollout/engine_{k}": float(stats.get(k, 0)) for k in ENGINE_METRICS} if stats else {}
+    out = {f"rollout/engine_{k}": float(stats.get(k, 0)) for k in ENGINE_METRICS} if stats else {}
+    return {**out, **(self.cross.metrics() if self.cross is not None else {})}
 
   def produce(self, index: int, version: int, snapshot: dict, prompts: dict, latest=None) -> RolloutBatch:
     """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters
@@ -99,8 +104,12 @@ class RolloutProducer:
       out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    route_BxN = None
-    if self.teachers is not None:  # each row by its own teacher, in this process or over the wire
+    route_BxN = span_BxR = None
+    mask_BxN = out.mask_BxN
+    if self.cross is not None:  # a teacher of another tokenizer: span scores (opd_jax/crosstok)
+      span_logp_BxR, span_BxR = self.cross.score(self.teacher_state, prompts["index_B"], out.tokens_BxN, mask_BxN)
+      teacher, mask_BxN = Scores(span_logp_BxR), mask_BxN * (span_BxR >= 0)
+    elif self.teachers is not None:  # each row by its own teacher, in this process or over the wire
       routes = self.routes[prompts["index_B"]] if self.routes is not None else None
       teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, routes)
     else:
@@ -112,12 +121,13 @@ class RolloutProducer:
     if self.reward_fn is not None:
       tokens, mask = distributed.to_host((out.tokens_BxN, out.mask_BxN))
       reward = self.put_batch(np.asarray(self.reward_fn(prompts["index_B"], tokens, mask), np.float32))
-    return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, out.logprobs_BxN, teacher.logp_BxR,
+    return RolloutBatch(prompt_BxP, valid_BxP, out.tokens_BxN, mask_BxN, out.logprobs_BxN, teacher.logp_BxR,
                         teacher_hidden_BxRxD=teacher.hidden_BxRxD, teacher_top_logprobs_BxRxK=teacher.top_logp_BxRxK,
                         teacher_top_ids_BxRxK=teacher.top_ids_BxRxK, sampler_top_logprobs_BxRxK=out.top_logprobs_BxNxK,
                         sampler_top_ids_BxRxK=out.top_ids_BxNxK, snapshot_logp_BxR=snapshot_logp, reward_B=reward,
                         teacher_route_BxN=route_BxN,
-                        version_lag_BxR=None if latest is None else (index - out.version_BxN).astype(np.float32))
+                        version_lag_BxR=None if latest is None else (index - out.version_BxN).astype(np.float32),
+                        span_BxR=span_BxR)
 
 
 class AsyncRollouts:

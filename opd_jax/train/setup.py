@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from opd_jax.crosstok import scoring as crosstok
 from opd_jax.data.problems import get_problems
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
@@ -104,8 +105,15 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
                          compute_dtype=student.dtype)
   state = jax.device_put(state, built.state_shardings)
 
+  cross = span_kl = None
+  if spec.cross.enabled:  # a teacher with its own tokenizer: span scoring (opd_jax/crosstok)
+    cross, span_kl = crosstok.build(
+        spec.cross, student_tokenizer=tokenizer, teacher_dir=spec.pair.teacher, problems=train_problems + heldout,
+        eos_ids=eos_ids, max_prompt_tokens=d.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
+        use_chat_template=d.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
+        temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch)
   main = teachers_lib.RoutedTeacher(spec.teachers.specs[0].name, teacher_graphdef, teacher_state,
-                                    built.teacher_score, main_served, built.eval_reverse_kl)
+                                    built.teacher_score, main_served, span_kl or built.eval_reverse_kl)
   teachers = teachers_lib.connect(spec, main, student_graphdef=graphdef, settings=settings, tokenizer=tokenizer,
                                   mesh=mesh, put_batch=put_batch,
                                   load=lambda path, own: load_model(spec.pair, "teacher", mesh, own, path))
@@ -121,6 +129,6 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
                              reward_fn=evaluation.answer_reward_fn(tokenizer, train_problems)
                              if spec.objective.prompts_per_batch_divisor > 1 else None, group_size=spec.group_size,
                              teacher_score=built.teacher_score, student_score=built.student_score,
-                             teachers=teachers, routes=routes["train"] if routes else None)
+                             teachers=teachers, routes=routes["train"] if routes else None, cross=cross)
   return Run(spec, mesh, put_batch, put_sampler_batch, graphdef, state, teacher_state, tokenizer, heldout,
              routes["heldout"] if routes else None, prompts, schedule, built, teachers, producer)

@@ -36,6 +36,7 @@ from opd_jax.errors import InputError
 from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
 from opd_jax.objectives.chunked import gather_logp, merge_rows, split_rows, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
+from opd_jax.objectives.spans import span_total
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact, divergence_topk,
                                        effective_sample_size, group_advantages, masked_mean)
 
@@ -66,6 +67,7 @@ class RolloutBatch:
   reward_B: jax.Array | None = None  # grader reward of each response (grpo; rows grouped by prompt)
   teacher_route_BxN: jax.Array | None = None  # multi-teacher runs: one-hot float of each row's teacher
   version_lag_BxR: jax.Array | None = None  # in-flight updates: learner step - the version that drew each token
+  span_BxR: jax.Array | None = None  # cross-tokenizer runs: each token's span in its row (LossInputs.span_BxR)
 
   @classmethod
   def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
@@ -181,7 +183,7 @@ def _gradients(forward, objective: ObjectiveConfig, params, batch: RolloutBatch,
     per_token = forward(params, micro)
     learner_logp_BxR = per_token.pop("logp") * micro.mask_BxR
     inputs = LossInputs(learner_logp_BxR, micro.sampler_logp_BxR, micro.teacher_logp_BxR, micro.mask_BxR,
-                        per_token.pop("divergence", None), micro_advantage_B)
+                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR)
     loss, aux = compute_loss(inputs, objective, token_count)
     per_token["learner_logp"] = learner_logp_BxR
     return loss, (aux, jax.lax.stop_gradient(per_token))
@@ -223,14 +225,16 @@ def _guarded_update(optimizer: optax.GradientTransformation, objective: Objectiv
 def _learner_metrics(objective: ObjectiveConfig, batch: RolloutBatch, loss, aux: dict, update: dict, advantage_B,
                      learner_logp_BxR, teacher_names: tuple[str, ...]) -> dict:
   """The step's loss, update and OPD metrics (and per teacher, in a routed run)."""
-  mask = batch.mask_BxR
+  mask, teacher_logp_BxR = batch.mask_BxR, batch.teacher_logp_BxR
+  if batch.span_BxR is not None:  # a span's teacher log-prob, shared evenly by its student tokens
+    teacher_logp_BxR = teacher_logp_BxR / jnp.maximum(span_total(mask, batch.span_BxR, batch.span_BxR), 1.0)
   metrics = {
       "loss": loss,
       "grad_norm": update["grad_norm"],
       "skipped": 1.0 - update["finite"].astype(jnp.float32),  # non-finite (the loop stops after max_skipped_steps)
       "response_tokens": jnp.sum(mask) / mask.shape[0],
       # k1 estimate of KL(student || teacher) on the student's own samples: what OPD minimizes.
-      "opd/reverse_kl": masked_mean(learner_logp_BxR - batch.teacher_logp_BxR, mask),
+      "opd/reverse_kl": masked_mean(learner_logp_BxR - teacher_logp_BxR, mask),
       **{f"opd/{k}": v for k, v in aux.items()},
   }
   if update["ess"] is not None:

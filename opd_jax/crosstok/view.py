@@ -1,0 +1,141 @@
+"""The teacher's view of a batch of student rollouts when the two tokenizers differ (host side, numpy).
+
+Legend: B rows, R student response length, Pt / Rt the teacher's prompt / response length (static).
+
+For each row the student's response tokens are decoded to text; the teacher reads its own rendering of the row's
+prompt (opd_jax.crosstok.formats) followed by that text re-tokenized by its own tokenizer, and the two
+tokenizations are aligned into spans (opd_jax.crosstok.align). What is never scored, and counted instead:
+  - a span holding a teacher token that is the teacher's unknown token, or no teacher token (`spans_unscorable`);
+  - everything from a student special token inside the response on (chat-format tokens are not text the teacher
+    could produce; `tokens_special`);
+  - a row whose text the teacher's tokenizer does not spell back exactly (normalization, unknown characters;
+    `rows_not_round_tripped`);
+  - spans whose teacher tokens run past Rt (`spans_truncated`).
+A response that ended with one of the student's EOS ids ends with one span more: that EOS token against the
+teacher's end token (`teacher_end`, by default its tokenizer's EOS), so the student learns when the teacher
+would stop. Without a teacher end token the EOS is not scored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from opd_jax.crosstok.align import UNSCORED, align, token_ends
+from opd_jax.crosstok.formats import TeacherFormat
+from opd_jax.errors import InputError
+
+STATS = ("spans", "spans_scored", "spans_unscorable", "spans_truncated", "tokens", "tokens_scored",
+         "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped")
+
+
+def _decoder(tokenizer):
+  return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _special_ids(tokenizer) -> set[int]:
+  ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+  ids |= {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+  return ids
+
+
+class CrossTokenizerView:
+  """Teacher-side arrays of student rollouts (module docstring). prompts: the text of every problem a batch may
+  index (its `index_B`), rendered once here; eos_ids: the student's EOS ids."""
+
+  def __init__(self, student_tokenizer, teacher_tokenizer, teacher_format: str, prompts: list[str],
+               eos_ids: tuple[int, ...], *, teacher_end: str = "", max_prompt: int, max_response: int):
+    self.student, self.teacher = student_tokenizer, teacher_tokenizer
+    self.format = TeacherFormat(teacher_format, teacher_tokenizer)
+    self.eos_ids, self.max_prompt, self.max_response = set(eos_ids), max_prompt, max_response
+    self.specials = _special_ids(student_tokenizer) - self.eos_ids
+    self.unk = getattr(teacher_tokenizer, "unk_token_id", None)
+    end = teacher_end or getattr(teacher_tokenizer, "eos_token", None) or ""
+    self.end_id = None
+    if end:
+      ids = teacher_tokenizer.encode(end, add_special_tokens=False)
+      if len(ids) != 1:
+        raise InputError(f"cross_tokenizer.teacher_end={end!r} is {len(ids)} tokens of the teacher's tokenizer, not "
+                         "one; name the teacher's end-of-response token (e.g. '<end_of_turn>' or '<eos>')")
+      self.end_id = ids[0]
+    self.prompt_ids = [self.format.ids(p) for p in prompts]
+    longest = max(range(len(prompts)), key=lambda i: len(self.prompt_ids[i]), default=None)
+    if longest is not None and len(self.prompt_ids[longest]) > max_prompt:
+      raise InputError(f"problem {longest}'s prompt is {len(self.prompt_ids[longest])} tokens in the teacher's "
+                       f"format, above cross_tokenizer.max_teacher_prompt_tokens={max_prompt}; raise it")
+    self._s_decode, self._t_decode = _decoder(student_tokenizer), _decoder(teacher_tokenizer)
+
+  def register_student_prompts(self, prompt_NxP: np.ndarray, valid_NxP: np.ndarray) -> None:
+    """The student's encoding of each of `prompts` (data.batching.encode_prompts), so that `lookup` finds a
+    batch's problems from its prompt tokens alone (held-out evaluation batches carry no problem indices)."""
+    self._by_prompt = {tuple(row[ok].tolist()): i for i, (row, ok) in enumerate(zip(prompt_NxP, valid_NxP))}
+
+  def lookup(self, prompt_BxP: np.ndarray, valid_BxP: np.ndarray) -> np.ndarray:
+    """The problem index of each row's prompt tokens (`register_student_prompts`)."""
+    out = []
+    for row, ok in zip(prompt_BxP, valid_BxP.astype(bool)):
+      index = self._by_prompt.get(tuple(row[ok].tolist()))
+      if index is None:
+        raise InputError("a prompt reached the cross-tokenizer teacher that the run did not register; score only "
+                         "the run's training and held-out problems")
+      out.append(index)
+    return np.asarray(out, np.int64)
+
+  def build(self, index_B: np.ndarray, response_BxR: np.ndarray, mask_BxR: np.ndarray) -> tuple[dict, dict]:
+    """(arrays, stats): teacher_prompt_BxPt (left-padded) / teacher_prompt_valid_BxPt, teacher_response_BxRt /
+    teacher_mask_BxRt (right-padded), teacher_span_BxRt and student_span_BxR (each token's span in its row, or
+    UNSCORED), and the counts of STATS over the batch."""
+    B, R = response_BxR.shape
+    out = {"teacher_prompt_BxPt": np.zeros((B, self.max_prompt), np.int32),
+           "teacher_prompt_valid_BxPt": np.zeros((B, self.max_prompt), bool),
+           "teacher_response_BxRt": np.zeros((B, self.max_response), np.int32),
+           "teacher_mask_BxRt": np.zeros((B, self.max_response), np.float32),
+           "teacher_span_BxRt": np.full((B, self.max_response), UNSCORED, np.int32),
+           "student_span_BxR": np.full((B, R), UNSCORED, np.int32)}
+    stats = dict.fromkeys(STATS, 0)
+    for b in range(B):
+      prompt = self.prompt_ids[int(index_B[b])]
+      out["teacher_prompt_BxPt"][b, self.max_prompt - len(prompt):] = prompt
+      out["teacher_prompt_valid_BxPt"][b, self.max_prompt - len(prompt):] = True
+      ids = [int(t) for t in response_BxR[b, :int(np.sum(mask_BxR[b] > 0))]]
+      stats["tokens"] += len(ids)
+      self._row(ids, out, b, stats)
+    return out, stats
+
+  def _row(self, ids: list[int], out: dict, b: int, stats: dict) -> None:
+    ended = bool(ids) and ids[-1] in self.eos_ids
+    body = ids[:-1] if ended else ids
+    cut = next((k for k, t in enumerate(body) if t in self.specials), None)
+    if cut is not None:
+      stats["tokens_special"] += len(ids) - cut
+      body, ended = body[:cut], False
+    text = self._s_decode(body)
+    t_ids = list(self.teacher.encode(text, add_special_tokens=False))
+    if self._t_decode(t_ids) != text:
+      stats["rows_not_round_tripped"] += 1
+      return
+    if text:
+      alignment = align(token_ends(self._s_decode, body, text), token_ends(self._t_decode, t_ids, text),
+                        [t != self.unk for t in t_ids], len(text))
+      s_span, t_span, valid = list(alignment.student_span), list(alignment.teacher_span), list(alignment.valid)
+    else:  # nothing but the EOS (or tokens that spell nothing): no span of text
+      s_span, t_span, valid = [UNSCORED] * len(body), [], []
+    if ended and self.end_id is not None:  # the student's EOS against the teacher's end token: a span of its own
+      s_span.append(len(valid))
+      t_span.append(len(valid))
+      t_ids.append(self.end_id)
+      valid.append(True)
+    stats["spans"] += len(valid)
+    stats["spans_unscorable"] += len(valid) - sum(valid)
+    for j in range(self.max_response, len(t_ids)):  # teacher tokens past Rt: their spans cannot be scored
+      if t_span[j] != UNSCORED and valid[t_span[j]]:
+        valid[t_span[j]] = False
+        stats["spans_truncated"] += 1
+    t_ids, t_span = t_ids[:self.max_response], t_span[:self.max_response]
+    out["teacher_response_BxRt"][b, :len(t_ids)] = t_ids
+    out["teacher_mask_BxRt"][b, :len(t_ids)] = 1.0
+    scored = lambda span: span != UNSCORED and valid[span]
+    out["teacher_span_BxRt"][b, :len(t_ids)] = [s if scored(s) else UNSCORED for s in t_span]
+    out["student_span_BxR"][b, :len(s_span)] = [s if scored(s) else UNSCORED for s in s_span]
+    stats["spans_scored"] += sum(valid)
+    stats["tokens_scored"] += sum(map(scored, s_span))
+    stats["teacher_tokens_scored"] += sum(map(scored, t_span))

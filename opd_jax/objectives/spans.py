@@ -1,0 +1,26 @@
+"""Sums over spans: the cross-tokenizer objectives compare a span's total log-probability on both sides.
+
+Legend: B rows, N tokens of one side, R student response tokens.
+
+`span_total(values_BxN, span_BxN, at_BxR)`: for each position of `at_BxR` (a span id in its row, or -1), the sum
+of `values_BxN` over the tokens of that row whose span id is the same; 0 at -1. A scatter-add into zeros and a
+gather: a span of one token returns that token's value exactly (0 + x is x), so with one tokenizer on both sides
+the span objectives reduce to the token objectives bit for bit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def span_total(values_BxN: jax.Array, span_BxN: jax.Array, at_BxR: jax.Array) -> jax.Array:
+  """[B, R]: per position of at_BxR, the total of values_BxN over its row's tokens of that span (module
+  docstring). Span ids are < R (there are never more spans than student tokens)."""
+  B, R = at_BxR.shape
+  rows_Bx1 = jnp.arange(B, dtype=jnp.int32)[:, None] * R
+  dump = B * R  # tokens of no span add here
+  segment_BxN = jnp.where(span_BxN >= 0, rows_Bx1 + span_BxN, dump)
+  totals = jax.ops.segment_sum(values_BxN.reshape(-1), segment_BxN.reshape(-1), num_segments=B * R + 1)
+  picked_BxR = totals[jnp.where(at_BxR >= 0, rows_Bx1 + at_BxR, dump)]
+  return jnp.where(at_BxR >= 0, picked_BxR, 0.0)

@@ -1,0 +1,228 @@
+"""Cross-tokenizer OPD (opd_jax/crosstok): span alignment, the span objective's reduction to reverse_kl_pg with one
+tokenizer, and a run whose teacher tokenizes numbers differently from its student."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import common
+from opd_jax.crosstok.align import UNSCORED, align, token_ends
+from opd_jax.crosstok.formats import TeacherFormat
+from opd_jax.crosstok.scoring import span_score_program
+from opd_jax.crosstok.view import CrossTokenizerView
+from opd_jax.data.char_tokenizer import build_char_tokenizer
+from opd_jax.data.number_tokenizer import VOCAB as NUMBER_VOCAB, build_number_tokenizer
+from opd_jax.errors import InputError
+from opd_jax.experiments.sweep import set_field
+from opd_jax.models import Decoder, ModelConfig, load_pretrained, load_tokenizer, save_pretrained
+from opd_jax.objectives.logprobs import score
+from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss
+from opd_jax.objectives.spans import span_total
+from opd_jax.spec import RunSpec
+from opd_jax.train.loop import train
+from tests.gguf_files import byte_alphabet
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+  root = tmp_path_factory.mktemp("tokenizers")
+  build_char_tokenizer(str(root / "char"))
+  build_number_tokenizer(str(root / "number"))
+  return {"char": load_tokenizer(str(root / "char")), "number": load_tokenizer(str(root / "number")),
+          "dirs": {"char": str(root / "char"), "number": str(root / "number")}}
+
+
+def _view(student, teacher, prompts=("1+2=",), fmt="plain", **kw):
+  kw = {"max_prompt": 16, "max_response": 16, **kw}
+  return CrossTokenizerView(student, teacher, fmt, list(prompts), (student.eos_token_id,), **kw)
+
+
+def _row(view, text, eos=True):
+  ids = view.student.encode(text, add_special_tokens=False) + ([view.student.eos_token_id] if eos else [])
+  response = np.zeros((1, 16), np.int32)
+  response[0, :len(ids)] = ids
+  mask = (np.arange(16) < len(ids)).astype(np.float32)[None]
+  return view.build(np.zeros(1, np.int64), response, mask)
+
+
+# ----------------------------------------------------------------------------------------------- alignment
+
+def test_multi_digit_numbers_are_spans_of_single_digits(tokenizers):
+  """The student writes digits one by one, the teacher pairs them: "12" is one span of two student tokens and one
+  teacher token; "5" after "34" joins "34" (the teacher's "345" is "34", "5": boundary after 4 is shared)."""
+  view = _view(tokenizers["char"], tokenizers["number"])
+  arrays, stats = _row(view, "12+345")
+  spans = arrays["student_span_BxR"][0, :7].tolist()
+  assert spans == [0, 0, 1, 2, 2, 3, 4]  # 1 2 | + | 3 4 | 5 | <eos>
+  teacher = view.teacher.convert_ids_to_tokens(arrays["teacher_response_BxRt"][0, :5].tolist())
+  assert teacher == ["12", "+", "34", "5", "<eos>"]
+  assert arrays["teacher_span_BxRt"][0, :6].tolist() == [0, 1, 2, 3, 4, UNSCORED]
+  assert stats["spans"] == stats["spans_scored"] == 5 and stats["tokens_scored"] == 7
+
+
+def test_whitespace_merging_tokens_and_unknown_teacher_tokens():
+  """A teacher token spanning two student tokens (" +") makes them one span; a span holding the teacher's unknown
+  token is not scored. Ends are character offsets (align's inputs)."""
+  # text " +x": student " ", "+", "x"; teacher " +", "x" with "x" unknown to the teacher
+  alignment = align([1, 2, 3], [2, 3], [True, False], 3)
+  assert alignment.student_span == [0, 0, 1] and alignment.teacher_span == [0, 1]
+  assert alignment.valid == [True, False]
+
+
+def test_multibyte_characters_split_by_byte_level_tokens():
+  """A byte-level BPE without merges spells "é" with two tokens: the first ends inside the character, so it has no
+  boundary of its own and joins the second's span."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+  vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
+  backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  backend.decoder = decoders.ByteLevel()
+  byte_level = PreTrainedTokenizerFast(tokenizer_object=backend)
+  text = "aé!"
+  ids = byte_level.encode(text, add_special_tokens=False)
+  decode = lambda x: byte_level.decode(x, clean_up_tokenization_spaces=False)
+  assert len(ids) == 4 and token_ends(decode, ids, text) == [1, None, 2, 3]
+  alignment = align(token_ends(decode, ids, text), [1, 2, 3], [True, True, True], 3)  # a character-level teacher
+  assert alignment.student_span == [0, 1, 1, 2] and all(alignment.valid)
+
+
+def test_special_tokens_inside_a_response_end_its_scoring(tokenizers):
+  """A student special token (here <pad>) is chat format, not text: it and everything after it are not scored."""
+  view = _view(tokenizers["char"], tokenizers["number"])
+  char = tokenizers["char"]
+  ids = char.encode("12", add_special_tokens=False) + [char.pad_token_id] + char.encode("3", add_special_tokens=False)
+  response = np.zeros((1, 16), np.int32)
+  response[0, :4] = ids
+  arrays, stats = view.build(np.zeros(1, np.int64), response, (np.arange(16) < 4).astype(np.float32)[None])
+  assert arrays["student_span_BxR"][0, :4].tolist() == [0, 0, UNSCORED, UNSCORED]
+  assert stats["tokens_special"] == 2 and stats["tokens_scored"] == 2
+
+
+def test_truncated_teacher_response_and_formats(tokenizers):
+  view = _view(tokenizers["char"], tokenizers["number"], max_response=2)
+  arrays, stats = _row(view, "12+345")
+  assert stats["spans_truncated"] == 3 and arrays["student_span_BxR"][0, :4].tolist() == [0, 0, 1, UNSCORED]
+  number = tokenizers["number"]
+  assert TeacherFormat("Q: {prompt}\nA:", number).text("1+2=") == "Q: 1+2=\nA:"
+  for bad, fragment in (("Q: {question}", "does not render"), ("Q:", "neither"), ("chat", "no chat template")):
+    with pytest.raises(InputError, match=fragment):
+      TeacherFormat(bad, number)
+  with pytest.raises(InputError, match="not one"):
+    _view(tokenizers["char"], number, teacher_end="12+")
+  with pytest.raises(InputError, match="max_teacher_prompt_tokens"):
+    _view(tokenizers["char"], number, prompts=("1+2=" * 9,))
+
+
+# ------------------------------------------------------------------------------------- one tokenizer: equal
+
+def test_span_total_of_single_token_spans_is_the_token_value():
+  values = jax.random.normal(jax.random.key(0), (3, 7))
+  spans = jnp.broadcast_to(jnp.arange(7), (3, 7)).at[1, 5:].set(UNSCORED)
+  out = span_total(values, spans, spans)
+  np.testing.assert_array_equal(np.asarray(out), np.where(np.asarray(spans) >= 0, np.asarray(values), 0.0))
+
+
+def test_one_tokenizer_on_both_sides_is_reverse_kl_pg(tiny_pair):
+  """The student's own tokenizer as the 'other' one: every span is one token, the span program's teacher
+  log-probs equal the token scoring program's (two XLA programs: to float rounding), and given the same
+  log-probs the span objective's loss and gradient equal reverse_kl_pg's exactly."""
+  tokenizer = load_tokenizer(tiny_pair["student"])
+  teacher_graphdef, teacher_state = nnx.split(load_pretrained(tiny_pair["teacher"]))
+  prompts = ["1+2=", "34+5="]
+  view = CrossTokenizerView(tokenizer, tokenizer, "plain", prompts, (1,), max_prompt=8, max_response=8)
+  view_prompts = _student_prompts(tokenizer, prompts, 8)
+  rng = np.random.RandomState(0)
+  response = rng.randint(2, 18, (2, 8)).astype(np.int32)
+  response[0, 5] = 1  # row 0 ends with EOS after 5 tokens, row 1 runs to the cap
+  mask = np.ones((2, 8), np.float32)
+  mask[0, 6:] = 0
+  arrays, stats = view.build(np.arange(2), response, mask)
+  assert stats["spans_scored"] == stats["spans"] == 14 and stats["tokens_scored"] == 14
+  np.testing.assert_array_equal(arrays["teacher_response_BxRt"] * arrays["teacher_mask_BxRt"], response * mask)
+  spans = jnp.asarray(arrays["student_span_BxR"])
+  span_logp = span_score_program(teacher_graphdef, 1.0, 0)(
+      teacher_state, *(jnp.asarray(arrays[k]) for k in ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt",
+                                                         "teacher_response_BxRt", "teacher_mask_BxRt",
+                                                         "teacher_span_BxRt")), spans)
+  token_logp = score(teacher_graphdef, teacher_state, *view_prompts, response, mask, temperature=1.0).logp_BxR
+  np.testing.assert_allclose(np.asarray(span_logp), np.asarray(token_logp), atol=1e-6)
+  learner = jax.random.normal(jax.random.key(1), (2, 8)) * jnp.asarray(mask)
+  sampler = learner + 0.1
+
+  def loss(learner_BxR, span_BxR):
+    inputs = LossInputs(learner_BxR, sampler, token_logp, jnp.asarray(mask), span_BxR=span_BxR)
+    return compute_loss(inputs, ObjectiveConfig(importance="tis"))[0]
+  plain, spanned = jax.grad(loss)(learner, None), jax.grad(loss)(learner, spans)
+  np.testing.assert_array_equal(np.asarray(plain), np.asarray(spanned))
+  assert float(loss(learner, None)) == float(loss(learner, spans))
+
+
+def _student_prompts(tokenizer, prompts, length):
+  from opd_jax.data.batching import encode_prompts
+  from opd_jax.data.task import Problem
+  return encode_prompts(tokenizer, [Problem(p, None) for p in prompts], length)
+
+
+# ------------------------------------------------------------------------------------------- in the loop
+
+@pytest.fixture(scope="module")
+def number_teacher(tmp_path_factory):
+  """A random teacher whose tokenizer pairs digits (opd_jax/data/number_tokenizer.py)."""
+  path = str(tmp_path_factory.mktemp("number_teacher"))
+  config = ModelConfig(model_type="llama", vocab_size=len(NUMBER_VOCAB), hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                       eos_token_id=(NUMBER_VOCAB["<eos>"],), pad_token_id=0)
+  save_pretrained(Decoder(config, rngs=nnx.Rngs(3)), path)
+  build_number_tokenizer(path)
+  return path
+
+
+def _config(tiny_pair, teacher, **overrides):
+  config = common.base_config("tiny")
+  common.shrink_for_local_run(config)
+  config.teacher, config.student = teacher, tiny_pair["student"]
+  config.rollout.max_new_tokens = 12
+  config.train.progress_bar = False
+  config.model.attention, config.model.scan_layers = "reference", False
+  config.train.export_dtype = ""
+  config.cross_tokenizer.enabled = True
+  config.cross_tokenizer.teacher_format = "# {prompt}"
+  for key, value in overrides.items():
+    set_field(config, key, value)
+  return config
+
+
+def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path):
+  config = _config(tiny_pair, number_teacher, **{"train.steps": 3, "train.eval_every": 3})
+  train(config, str(tmp_path))
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  steps = [r for r in rows if "loss" in r]
+  assert steps and steps[-1]["step"] == 3 and all(np.isfinite(r["loss"]) for r in steps)
+  # numbers: the teacher's "12" is one span of two student digits, so spans are fewer than scored tokens
+  assert all(0 < r["cross_tokenizer/token_share"] <= 1 for r in steps)
+  assert any(r["cross_tokenizer/student_tokens_per_span"] > 1 for r in steps)
+  evals = [r for r in rows if "eval/span_reverse_kl" in r]
+  assert evals and np.isfinite(evals[-1]["eval/span_reverse_kl"]) and "eval/reverse_kl" not in evals[-1]
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"objective.name": "reverse_kl"}, "span form of reverse_kl_pg"),
+    ({"train.eval_teacher_forced": True}, "eval_teacher_forced"),
+    ({"cross_tokenizer.max_teacher_response_tokens": -1}, "max_teacher_response_tokens"),
+])
+def test_cross_tokenizer_config_mistakes(tiny_pair, number_teacher, override, message):
+  with pytest.raises(InputError, match=message):
+    RunSpec.from_config(_config(tiny_pair, number_teacher, **override))
+
+
+def test_different_tokenizers_without_the_flag_name_it(tiny_pair, number_teacher):
+  with pytest.raises(InputError, match="cross_tokenizer.enabled=True"):
+    RunSpec.from_config(_config(tiny_pair, number_teacher, **{"cross_tokenizer.enabled": False}))
+  assert os.path.isdir(number_teacher)
