@@ -69,13 +69,14 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.served_teacher.preflight_max_k3 = 1e-4  # float32 noise between two XLA programs is ~1e-9; bf16 serving ~1e-4
   # A teacher with its own tokenizer and prompt format (opd_jax/crosstok): the student's sampled text is decoded,
   # re-tokenized by the teacher's tokenizer after the prompt in the teacher's own format, and scored exactly span
-  # by span (a span: characters both tokenizations delimit). objective.name must be reverse_kl_pg (its span form);
+  # by span (a span: characters both tokenizations delimit). objective.name: reverse_kl_pg (span form), reverse_kl
+  # (the student's distribution projected into the teacher's vocabulary at span starts) or uld (the ULD baseline);
   # one teacher, in this process. False: the pair must share a tokenizer (opd_jax/models/tokenizer_compat.py).
   c.cross_tokenizer = ml_collections.ConfigDict()
   c.cross_tokenizer.enabled = False
   c.cross_tokenizer.teacher_format = "chat"  # "chat" (its chat template) | "plain" | a template with {prompt}
   c.cross_tokenizer.teacher_end = ""  # teacher token the student's EOS is scored against; "" = its tokenizer's EOS
-  c.cross_tokenizer.max_teacher_prompt_tokens = 0  # the teacher's static prompt length; 0 = 2 x data.max_prompt_tokens
+  c.cross_tokenizer.max_teacher_prompt_tokens = 0  # the teacher's prompt length; 0 = 2 x data.max_prompt_tokens
   c.cross_tokenizer.max_teacher_response_tokens = 0  # its response length; 0 = 2 x rollout.max_new_tokens; spans
   # past it are not scored (counted: cross_tokenizer/spans_truncated)
   # Multi-teacher OPD (opd_jax/train/teachers.py): teachers besides config.teacher, by name, each a dict

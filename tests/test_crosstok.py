@@ -13,7 +13,8 @@ from flax import nnx
 from configs import common
 from opd_jax.crosstok.align import UNSCORED, align, token_ends
 from opd_jax.crosstok.formats import TeacherFormat
-from opd_jax.crosstok.scoring import span_score_program
+from opd_jax.crosstok.projection import first_token_projection
+from opd_jax.crosstok.scoring import _teacher_inputs, span_score_program
 from opd_jax.crosstok.view import CrossTokenizerView
 from opd_jax.data.char_tokenizer import build_char_tokenizer
 from opd_jax.data.number_tokenizer import VOCAB as NUMBER_VOCAB, build_number_tokenizer
@@ -21,8 +22,9 @@ from opd_jax.errors import InputError
 from opd_jax.experiments.sweep import set_field
 from opd_jax.models import Decoder, ModelConfig, load_pretrained, load_tokenizer, save_pretrained
 from opd_jax.objectives.logprobs import score
+from opd_jax.objectives import losses
 from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss
-from opd_jax.objectives.spans import span_total
+from opd_jax.objectives.spans import span_starts, span_total
 from opd_jax.spec import RunSpec
 from opd_jax.train.loop import train
 from tests.gguf_files import byte_alphabet
@@ -128,10 +130,11 @@ def test_span_total_of_single_token_spans_is_the_token_value():
   np.testing.assert_array_equal(np.asarray(out), np.where(np.asarray(spans) >= 0, np.asarray(values), 0.0))
 
 
-def test_one_tokenizer_on_both_sides_is_reverse_kl_pg(tiny_pair):
+def test_one_tokenizer_on_both_sides_is_reverse_kl_pg_and_reverse_kl(tiny_pair):
   """The student's own tokenizer as the 'other' one: every span is one token, the span program's teacher
-  log-probs equal the token scoring program's (two XLA programs: to float rounding), and given the same
-  log-probs the span objective's loss and gradient equal reverse_kl_pg's exactly."""
+  log-probs and hidden states equal the token scoring program's (two XLA programs: to float rounding), and given
+  the same log-probs the span objective's loss and gradient equal reverse_kl_pg's exactly. reverse_kl then needs no
+  projection (test_projection_...) and reads those hidden states at every token: today's exact reverse KL."""
   tokenizer = load_tokenizer(tiny_pair["student"])
   teacher_graphdef, teacher_state = nnx.split(load_pretrained(tiny_pair["teacher"]))
   prompts = ["1+2=", "34+5="]
@@ -146,12 +149,15 @@ def test_one_tokenizer_on_both_sides_is_reverse_kl_pg(tiny_pair):
   assert stats["spans_scored"] == stats["spans"] == 14 and stats["tokens_scored"] == 14
   np.testing.assert_array_equal(arrays["teacher_response_BxRt"] * arrays["teacher_mask_BxRt"], response * mask)
   spans = jnp.asarray(arrays["student_span_BxR"])
-  span_logp = span_score_program(teacher_graphdef, 1.0, 0)(
-      teacher_state, *(jnp.asarray(arrays[k]) for k in ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt",
-                                                         "teacher_response_BxRt", "teacher_mask_BxRt",
-                                                         "teacher_span_BxRt")), spans)
-  token_logp = score(teacher_graphdef, teacher_state, *view_prompts, response, mask, temperature=1.0).logp_BxR
-  np.testing.assert_allclose(np.asarray(span_logp), np.asarray(token_logp), atol=1e-6)
+  assert float(jnp.sum(span_starts(spans))) == 14  # every token starts its span
+  spanned = span_score_program(teacher_graphdef, 1.0, 0, hidden=True)(
+      teacher_state, *map(jnp.asarray, _teacher_inputs(arrays)))
+  plain = score(teacher_graphdef, teacher_state, *view_prompts, response, mask, temperature=1.0, return_hidden=True)
+  token_logp = plain.logp_BxR
+  np.testing.assert_allclose(np.asarray(spanned.logp_BxR), np.asarray(token_logp), atol=1e-6)
+  # the full-distribution form reads the teacher's hidden state at span starts: here at every scored token
+  np.testing.assert_allclose(np.asarray(spanned.hidden_BxRxD) * mask[..., None],
+                             np.asarray(plain.hidden_BxRxD) * mask[..., None], atol=1e-5)
   learner = jax.random.normal(jax.random.key(1), (2, 8)) * jnp.asarray(mask)
   sampler = learner + 0.1
 
@@ -167,6 +173,38 @@ def _student_prompts(tokenizer, prompts, length):
   from opd_jax.data.batching import encode_prompts
   from opd_jax.data.task import Problem
   return encode_prompts(tokenizer, [Problem(p, None) for p in prompts], length)
+
+
+def test_projection_maps_student_tokens_to_the_teachers_first_token(tokenizers):
+  """Each character of the student's vocabulary is the teacher's single-character token; its EOS the teacher's end
+  token; <pad> the teacher's <pad> (same spelling). One vocabulary on both sides: no projection (the identity)."""
+  char, number = tokenizers["char"], tokenizers["number"]
+  projection = first_token_projection(char, number, len(char), (char.eos_token_id,), number.eos_token_id)
+  for token, s in char.get_vocab().items():
+    want = {"<eos>": number.eos_token_id}.get(token, number.get_vocab()[token])
+    assert projection[s] == want, token
+  assert first_token_projection(char, char, len(char), (1,), 1) is None
+
+
+def test_projected_and_uld_divergences():
+  """The projection through the identity is the exact reverse KL (to the renormalization's rounding); merging two
+  student tokens into one teacher token adds their mass. ULD is 0 for a permuted teacher: it compares sorted
+  probabilities, not events (why it is only a baseline)."""
+  key_s, key_t = jax.random.split(jax.random.key(0))
+  student, teacher = jax.random.normal(key_s, (2, 3, 6)), jax.random.normal(key_t, (2, 3, 6))
+  identity = jnp.arange(6)
+  np.testing.assert_allclose(np.asarray(losses.divergence_projected(student, teacher, identity, 1.0)),
+                             np.asarray(losses.divergence_exact(student, teacher, 1.0, 1.0)), atol=1e-6)
+  merged = jnp.asarray([0, 0, 1, 2, 3, -1])  # tokens 0, 1 -> teacher 0; token 5 unmapped
+  p = jax.nn.softmax(student, axis=-1)
+  q = jnp.stack([p[..., 0] + p[..., 1], p[..., 2], p[..., 3], p[..., 4]], -1)
+  q = q / q.sum(-1, keepdims=True)
+  want = jnp.sum(q * (jnp.log(q) - jax.nn.log_softmax(teacher[..., :4], axis=-1)), -1)
+  np.testing.assert_allclose(np.asarray(losses.divergence_projected(student, teacher[..., :4], merged, 1.0)),
+                             np.asarray(want), atol=1e-6)
+  top = lambda logits: jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), 4)[0]
+  np.testing.assert_allclose(np.asarray(losses.divergence_uld(student, top(student[..., ::-1]), 1.0)), 0, atol=1e-6)
+  assert float(jnp.min(losses.divergence_uld(student, top(teacher), 1.0))) > 0
 
 
 # ------------------------------------------------------------------------------------------- in the loop
@@ -198,8 +236,9 @@ def _config(tiny_pair, teacher, **overrides):
   return config
 
 
-def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path):
-  config = _config(tiny_pair, number_teacher, **{"train.steps": 3, "train.eval_every": 3})
+@pytest.mark.parametrize("objective", ["reverse_kl_pg", "reverse_kl", "uld"])
+def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path, objective):
+  config = _config(tiny_pair, number_teacher, **{"train.steps": 3, "train.eval_every": 3, "objective.name": objective})
   train(config, str(tmp_path))
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
@@ -213,7 +252,7 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"objective.name": "reverse_kl"}, "span form of reverse_kl_pg"),
+    ({"objective.name": "forward_kl"}, "the span form, the projected full distribution"),
     ({"train.eval_teacher_forced": True}, "eval_teacher_forced"),
     ({"cross_tokenizer.max_teacher_response_tokens": -1}, "max_teacher_response_tokens"),
 ])

@@ -17,42 +17,68 @@ import jax
 import numpy as np
 from flax import nnx
 
+from opd_jax.crosstok.projection import first_token_projection
 from opd_jax.crosstok.view import STATS, CrossTokenizerView
-from opd_jax.objectives.logprobs import response_hidden
+from opd_jax.objectives.logprobs import Scores, response_hidden
 from opd_jax.objectives.chunked import score_tokens
+from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.objectives.spans import span_total
 
 
-def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int):
-  """jit (teacher_state, teacher prompt, valid, teacher response, mask, teacher_span_BxRt, student_span_BxR) ->
-  [B, R] float32: each student token's span total of the teacher's log-probs (0 where unscored)."""
-  def run(state, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt, teacher_span_BxRt, student_span_BxR):
+def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, *, hidden: bool = False,
+                       top_k: int = 0, top_k_temperature: float = 1.0):
+  """jit (teacher_state, teacher prompt, valid, teacher response, mask, teacher_span_BxRt, student_span_BxR,
+  teacher_first_BxR) -> Scores on the student's tokens: logp_BxR, each student token's span total of the teacher's
+  log-probs (0 where unscored); with `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where
+  it predicts each span's first teacher token, at the span's first student token (zeros elsewhere): what the
+  full-distribution and ULD objectives read."""
+  def run(state, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt, teacher_span_BxRt, student_span_BxR,
+          teacher_first_BxR):
     model = nnx.merge(teacher_graphdef, state)
     hidden_BxRtxD = response_hidden(model, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt)
-    logp_BxRt = score_tokens(model, hidden_BxRtxD, response_BxRt, temperature=temperature,
-                             chunk=logits_chunk)["logp"] * mask_BxRt
-    return span_total(logp_BxRt, teacher_span_BxRt, student_span_BxR)
+    out = score_tokens(model, hidden_BxRtxD, response_BxRt, temperature=temperature, chunk=logits_chunk,
+                       top_k=top_k, top_k_temperature=top_k_temperature)
+    at_start = lambda x_BxRtx: _at_student_starts(x_BxRtx, teacher_first_BxR)
+    return Scores(span_total(out["logp"] * mask_BxRt, teacher_span_BxRt, student_span_BxR),
+                  at_start(hidden_BxRtxD) if hidden else None,
+                  at_start(out["top_logp"]) if top_k else None, at_start(out["top_ids"]) if top_k else None)
   return jax.jit(run)
+
+
+def _at_student_starts(x_BxRtx: jax.Array, teacher_first_BxR: jax.Array) -> jax.Array:
+  """[B, R, ...]: row teacher_first_BxR[b, t] of x_BxRtx[b] at each span start t, zeros elsewhere."""
+  index_BxR = jax.numpy.maximum(teacher_first_BxR, 0)
+  picked = jax.vmap(lambda x, i: x[i])(x_BxRtx, index_BxR)
+  keep = (teacher_first_BxR >= 0).reshape(teacher_first_BxR.shape + (1,) * (x_BxRtx.ndim - 2))
+  return jax.numpy.where(keep, picked, jax.numpy.zeros_like(picked))
+
+
+def _teacher_inputs(arrays: dict) -> tuple:
+  """span_score_program's inputs after the teacher's state, from a CrossTokenizerView.build's arrays."""
+  return tuple(arrays[k] for k in ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt", "teacher_response_BxRt",
+                                   "teacher_mask_BxRt", "teacher_span_BxRt", "student_span_BxR", "teacher_first_BxR"))
 
 
 class CrossTokenizerScorer:
   """The teacher's span scores of student rollouts (module docstring); `last_stats` holds the latest batch's
   alignment counts (opd_jax.crosstok.view.STATS), logged as cross_tokenizer/*."""
 
-  def __init__(self, view: CrossTokenizerView, teacher_graphdef, temperature: float, logits_chunk: int, put_batch):
+  def __init__(self, view: CrossTokenizerView, teacher_graphdef, temperature: float, logits_chunk: int, put_batch,
+               objective: ObjectiveConfig = ObjectiveConfig()):
     self.view, self.put_batch = view, put_batch
-    self._program = span_score_program(teacher_graphdef, temperature, logits_chunk)
+    self._program = span_score_program(
+        teacher_graphdef, temperature, logits_chunk, hidden=objective.needs_teacher_hidden,
+        top_k=objective.top_k if objective.needs_teacher_topk else 0, top_k_temperature=objective.temperature)
     self.last_stats: dict = {}
+    self.projection: tuple[int, ...] | None = None  # set by `build` for the full-distribution form
 
-  def score(self, teacher_state, index_B, tokens_BxR, mask_BxR) -> tuple[jax.Array, jax.Array]:
-    """(teacher span log-prob per student token [B, R], student_span_BxR) on the learner's batch layout."""
+  def score(self, teacher_state, index_B, tokens_BxR, mask_BxR) -> tuple[Scores, jax.Array]:
+    """(the teacher's Scores on the student's tokens (span_score_program), student_span_BxR) on the learner's
+    batch layout."""
     host = lambda x: np.asarray(jax.device_get(x))
     arrays, self.last_stats = self.view.build(np.asarray(index_B), host(tokens_BxR), host(mask_BxR))
     put = {k: self.put_batch(v) for k, v in arrays.items()}
-    span_logp_BxR = self._program(teacher_state, put["teacher_prompt_BxPt"], put["teacher_prompt_valid_BxPt"],
-                                  put["teacher_response_BxRt"], put["teacher_mask_BxRt"], put["teacher_span_BxRt"],
-                                  put["student_span_BxR"])
-    return span_logp_BxR, put["student_span_BxR"]
+    return self._program(teacher_state, *_teacher_inputs(put)), put["student_span_BxR"]
 
   def metrics(self) -> dict:
     """The latest batch's alignment as metrics: shares of spans and student tokens scored, student and teacher
@@ -96,18 +122,18 @@ class SpanKL:
     index_B = self.view.lookup(host(prompt_BxP), host(valid_BxP))
     arrays, _ = self.view.build(index_B, host(response_BxR), host(mask_BxR))
     put = {k: self.put_batch(v) for k, v in arrays.items()}
-    teacher_BxR = self._teacher(teacher_state, put["teacher_prompt_BxPt"], put["teacher_prompt_valid_BxPt"],
-                                put["teacher_response_BxRt"], put["teacher_mask_BxRt"], put["teacher_span_BxRt"],
-                                put["student_span_BxR"])
+    teacher_BxR = self._teacher(teacher_state, *_teacher_inputs(put)).logp_BxR
     return self._student(student_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR, put["student_span_BxR"],
                          teacher_BxR)
 
 
 def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids: tuple[int, ...],
           max_prompt_tokens: int, max_new_tokens: int, use_chat_template: bool, student_graphdef, teacher_graphdef,
-          temperature: float, logits_chunk: int, put_batch) -> tuple[CrossTokenizerScorer, SpanKL]:
-  """The run's scorer and held-out span KL for a CrossTokenizerSpec `cross` (enabled). problems: the training
-  problems (batch indices refer to them) followed by the held-out ones."""
+          temperature: float, logits_chunk: int, put_batch, objective: ObjectiveConfig, student_vocab_size: int
+          ) -> tuple[CrossTokenizerScorer, SpanKL]:
+  """The run's scorer (with the token projection the exact vocabulary objectives need, as `.projection`) and
+  held-out span KL for a CrossTokenizerSpec `cross` (enabled). problems: the training problems (batch indices
+  refer to them) followed by the held-out ones."""
   from opd_jax.data.batching import encode_prompts
   from opd_jax.models import load_tokenizer
   prompt_tokens, response_tokens = cross.lengths(max_prompt_tokens, max_new_tokens)
@@ -115,5 +141,8 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
                             [p.prompt for p in problems], eos_ids, teacher_end=cross.teacher_end,
                             max_prompt=prompt_tokens, max_response=response_tokens)
   view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
-  return (CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch),
-          SpanKL(view, student_graphdef, teacher_graphdef, logits_chunk, put_batch))
+  scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective)
+  if objective.needs_teacher_hidden:
+    scorer.projection = first_token_projection(student_tokenizer, view.teacher, student_vocab_size, eos_ids,
+                                               view.end_id)
+  return scorer, SpanKL(view, student_graphdef, teacher_graphdef, logits_chunk, put_batch)

@@ -32,7 +32,7 @@ def _decoder(tokenizer):
   return lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _special_ids(tokenizer) -> set[int]:
+def special_ids(tokenizer) -> set[int]:
   ids = set(getattr(tokenizer, "all_special_ids", []) or [])
   ids |= {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
   return ids
@@ -47,7 +47,7 @@ class CrossTokenizerView:
     self.student, self.teacher = student_tokenizer, teacher_tokenizer
     self.format = TeacherFormat(teacher_format, teacher_tokenizer)
     self.eos_ids, self.max_prompt, self.max_response = set(eos_ids), max_prompt, max_response
-    self.specials = _special_ids(student_tokenizer) - self.eos_ids
+    self.specials = special_ids(student_tokenizer) - self.eos_ids
     self.unk = getattr(teacher_tokenizer, "unk_token_id", None)
     end = teacher_end or getattr(teacher_tokenizer, "eos_token", None) or ""
     self.end_id = None
@@ -83,14 +83,17 @@ class CrossTokenizerView:
   def build(self, index_B: np.ndarray, response_BxR: np.ndarray, mask_BxR: np.ndarray) -> tuple[dict, dict]:
     """(arrays, stats): teacher_prompt_BxPt (left-padded) / teacher_prompt_valid_BxPt, teacher_response_BxRt /
     teacher_mask_BxRt (right-padded), teacher_span_BxRt and student_span_BxR (each token's span in its row, or
-    UNSCORED), and the counts of STATS over the batch."""
+    UNSCORED), teacher_first_BxR (at the first student token of each scored span: the index of the span's first
+    teacher token, where both models predict the span's start from the same text; UNSCORED elsewhere), and the
+    counts of STATS over the batch."""
     B, R = response_BxR.shape
     out = {"teacher_prompt_BxPt": np.zeros((B, self.max_prompt), np.int32),
            "teacher_prompt_valid_BxPt": np.zeros((B, self.max_prompt), bool),
            "teacher_response_BxRt": np.zeros((B, self.max_response), np.int32),
            "teacher_mask_BxRt": np.zeros((B, self.max_response), np.float32),
            "teacher_span_BxRt": np.full((B, self.max_response), UNSCORED, np.int32),
-           "student_span_BxR": np.full((B, R), UNSCORED, np.int32)}
+           "student_span_BxR": np.full((B, R), UNSCORED, np.int32),
+           "teacher_first_BxR": np.full((B, R), UNSCORED, np.int32)}
     stats = dict.fromkeys(STATS, 0)
     for b in range(B):
       prompt = self.prompt_ids[int(index_B[b])]
@@ -136,6 +139,11 @@ class CrossTokenizerView:
     scored = lambda span: span != UNSCORED and valid[span]
     out["teacher_span_BxRt"][b, :len(t_ids)] = [s if scored(s) else UNSCORED for s in t_span]
     out["student_span_BxR"][b, :len(s_span)] = [s if scored(s) else UNSCORED for s in s_span]
+    first_teacher = {}
+    for j, span in enumerate(t_span):
+      first_teacher.setdefault(span, j)
+    starts = [k for k, span in enumerate(s_span) if scored(span) and (k == 0 or s_span[k - 1] != span)]
+    out["teacher_first_BxR"][b, starts] = [first_teacher[s_span[k]] for k in starts]
     stats["spans_scored"] += sum(valid)
     stats["tokens_scored"] += sum(map(scored, s_span))
     stats["teacher_tokens_scored"] += sum(map(scored, t_span))

@@ -37,6 +37,11 @@ tokens a_t. Log-probs and logits are float32.
                  its tokens. loss = -mean_t(w_t * A * log pi_theta(a_t)) over all response tokens of the
                  batch, w_t as above. One update per batch, so PPO's ratio clipping never binds and is left
                  out, as is a KL penalty to a reference model (as in DAPO / Dr. GRPO).
+  uld            the baseline of cross-tokenizer distillation users know (Universal Logit Distillation, Boizard et
+                 al. 2024; the loss TRL's GOLD applies to tokens it cannot align): the L1 distance between the two
+                 distributions' probabilities sorted in decreasing order, which needs no token correspondence;
+                 here over the top_k largest of each plus one tail bin (1 - their sum). It ignores which token
+                 carries which probability, so it is a baseline, not a divergence between the same events.
   *_topk         the same three on the teacher's top-k support plus one tail bin: both distributions are
                  coarse-grained to (top-k tokens of pi_T, everything else). The tail bin keeps the divergence
                  well defined and, by the data-processing inequality, a lower bound on the full one; it is exact
@@ -114,7 +119,7 @@ class ObjectiveConfig:
 
   @property
   def needs_teacher_topk(self) -> bool:
-    return self.name in _TOPK_BETA
+    return self.name in _TOPK_BETA or self.name == "uld"
 
   @property
   def vocab_beta(self) -> float | None:
@@ -194,11 +199,40 @@ def _with_tail(top_BxRxK):
   return jnp.concatenate([top_BxRxK, tail_BxRx1], axis=-1)
 
 
+def divergence_projected(student_logits_BxRxVs, teacher_logits_BxRxVt, projection_Vs: jax.Array,
+                         temperature: float) -> jax.Array:
+  """KL(q || pi_T) per position, [B, R]: q is the student's distribution carried into the teacher's vocabulary by
+  `projection_Vs` (each student token's teacher token, or -1: its mass leaves q, which is renormalized; see
+  opd_jax.crosstok.projection), pi_T the teacher's, both at `temperature`."""
+  p_BxRxVs = jax.nn.softmax(student_logits_BxRxVs / temperature, axis=-1)
+  mapped_Vs = projection_Vs >= 0
+  Vt = teacher_logits_BxRxVt.shape[-1]
+  q_BxRxVt = jnp.zeros(p_BxRxVs.shape[:-1] + (Vt,), p_BxRxVs.dtype).at[..., jnp.maximum(projection_Vs, 0)].add(
+      jnp.where(mapped_Vs, p_BxRxVs, 0.0))
+  q_BxRxVt = q_BxRxVt / jnp.maximum(jnp.sum(q_BxRxVt, axis=-1, keepdims=True), 1e-30)
+  teacher_logp_BxRxVt = jax.nn.log_softmax(teacher_logits_BxRxVt / temperature, axis=-1)
+  log_q = jnp.log(jnp.maximum(q_BxRxVt, 1e-30))
+  return jnp.sum(jnp.where(q_BxRxVt > 0, q_BxRxVt * (log_q - teacher_logp_BxRxVt), 0.0), axis=-1)
+
+
+def divergence_uld(student_logits_BxRxV, teacher_top_logp_BxRxK, temperature: float) -> jax.Array:
+  """ULD per position, [B, R] (module docstring): sum_i |s_(i) - t_(i)| over the K largest probabilities of each
+  side in decreasing order, plus the difference of their tails. The teacher's top-k comes sorted (lax.top_k)."""
+  K = teacher_top_logp_BxRxK.shape[-1]
+  student_top_BxRxK = jax.lax.top_k(jax.nn.softmax(student_logits_BxRxV / temperature, axis=-1), K)[0]
+  teacher_top_BxRxK = jnp.exp(teacher_top_logp_BxRxK)
+  tail = lambda top: 1.0 - jnp.sum(top, axis=-1)
+  return (jnp.sum(jnp.abs(student_top_BxRxK - teacher_top_BxRxK), axis=-1)
+          + jnp.abs(tail(student_top_BxRxK) - tail(teacher_top_BxRxK)))
+
+
 def divergence_from_logits(student_logits_BxRxV, teacher_logits_BxRxV, config: "ObjectiveConfig") -> jax.Array:
   """The vocabulary objectives' per-token divergence from whole logits (the unchunked reference path)."""
   if config.needs_teacher_topk:
     teacher_logp = jax.nn.log_softmax(teacher_logits_BxRxV / config.temperature, axis=-1)
     top_logp, top_ids = jax.lax.top_k(teacher_logp, min(config.top_k, teacher_logp.shape[-1]))
+    if config.name == "uld":
+      return divergence_uld(student_logits_BxRxV, top_logp, config.temperature)
     return divergence_topk(student_logits_BxRxV, top_logp, top_ids, config.vocab_beta, config.temperature)
   return divergence_exact(student_logits_BxRxV, teacher_logits_BxRxV, config.vocab_beta, config.temperature)
 
@@ -296,7 +330,7 @@ _EXACT_BETA = {"reverse_kl": 1.0, "forward_kl": 0.0, "jsd": None}
 _TOPK_BETA = {"reverse_kl_topk": 1.0, "forward_kl_topk": 0.0, "jsd_topk": None}
 _TOPK_OF_EXACT = {"reverse_kl": "reverse_kl_topk", "forward_kl": "forward_kl_topk", "jsd": "jsd_topk"}
 OBJECTIVES: dict[str, Callable] = {"reverse_kl_pg": _reverse_kl_pg, "grpo": _grpo,
-                                   **{name: _vocabulary for name in (*_EXACT_BETA, *_TOPK_BETA)}}
+                                   **{name: _vocabulary for name in (*_EXACT_BETA, *_TOPK_BETA, "uld")}}
 
 
 def token_losses(inputs: LossInputs, config: ObjectiveConfig):

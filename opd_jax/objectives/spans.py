@@ -24,3 +24,10 @@ def span_total(values_BxN: jax.Array, span_BxN: jax.Array, at_BxR: jax.Array) ->
   totals = jax.ops.segment_sum(values_BxN.reshape(-1), segment_BxN.reshape(-1), num_segments=B * R + 1)
   picked_BxR = totals[jnp.where(at_BxR >= 0, rows_Bx1 + at_BxR, dump)]
   return jnp.where(at_BxR >= 0, picked_BxR, 0.0)
+
+
+def span_starts(span_BxN: jax.Array) -> jax.Array:
+  """float [B, N]: 1 at each token that starts a span (its span id differs from the previous token's), 0 at the
+  others and at tokens of no span."""
+  previous_BxN = jnp.pad(span_BxN[:, :-1], ((0, 0), (1, 0)), constant_values=-2)
+  return ((span_BxN >= 0) & (span_BxN != previous_BxN)).astype(jnp.float32)

@@ -30,6 +30,7 @@ from opd_jax.spec.parts import (CrossTokenizerSpec, DataSpec, MeshSpec, Optimize
                                 TrainSpec)
 from opd_jax.spec.teachers import Teachers
 
+CROSS_OBJECTIVES = ("reverse_kl_pg", "reverse_kl", "uld")  # what a cross-tokenizer run trains (opd_jax/crosstok)
 FULL_VOCAB_OVER_THE_WIRE = 1024  # largest vocabulary whose whole log-prob vector a served teacher sends per token
 
 
@@ -103,12 +104,12 @@ class RunSpec:
 
 def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers: Teachers, train: TrainSpec,
                  pair: PairSpec, teacher, max_prompt_tokens: int, max_new_tokens: int) -> None:
-  """What a cross-tokenizer run supports today: the span form of reverse_kl_pg, one teacher in this process, both
+  """What a cross-tokenizer run supports today: CROSS_OBJECTIVES, one teacher in this process, both
   models with their own tokenizer files, and the teacher's static lengths within its context."""
-  if objective.name != "reverse_kl_pg":
-    raise InputError(f"cross_tokenizer.enabled=True trains the span form of reverse_kl_pg; objective.name="
-                     f"{objective.name!r} compares distributions over one vocabulary; set objective.name="
-                     "'reverse_kl_pg'")
+  if objective.name not in CROSS_OBJECTIVES:
+    raise InputError(f"cross_tokenizer.enabled=True trains {', '.join(CROSS_OBJECTIVES)} (the span form, the "
+                     f"projected full distribution, the ULD baseline); objective.name={objective.name!r} compares "
+                     "distributions over one vocabulary")
   if teachers.multi or teachers.endpoints:
     raise InputError("cross_tokenizer.enabled=True scores with one teacher in this process for now; leave "
                      "config.teachers empty and config.teacher_endpoint ''")

@@ -29,7 +29,6 @@ import jax
 import numpy as np
 
 from opd_jax.errors import InputError
-from opd_jax.objectives.logprobs import Scores
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.rollout.config import RolloutConfig
 from opd_jax.rollout.sampler import Sampler
@@ -107,8 +106,8 @@ class RolloutProducer:
     route_BxN = span_BxR = None
     mask_BxN = out.mask_BxN
     if self.cross is not None:  # a teacher of another tokenizer: span scores (opd_jax/crosstok)
-      span_logp_BxR, span_BxR = self.cross.score(self.teacher_state, prompts["index_B"], out.tokens_BxN, mask_BxN)
-      teacher, mask_BxN = Scores(span_logp_BxR), mask_BxN * (span_BxR >= 0)
+      teacher, span_BxR = self.cross.score(self.teacher_state, prompts["index_B"], out.tokens_BxN, mask_BxN)
+      mask_BxN = mask_BxN * (span_BxR >= 0)
     elif self.teachers is not None:  # each row by its own teacher, in this process or over the wire
       routes = self.routes[prompts["index_B"]] if self.routes is not None else None
       teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, routes)

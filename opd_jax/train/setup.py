@@ -100,18 +100,20 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
   # devices, then resharded onto the sampler's mesh).
   settings = programs.RunSettings.for_run(spec, vocab_size=vocab_size, eos_ids=eos_ids, pad_id=pad_id,
                                           batch_shards=mesh.shape["data"] * mesh.shape["fsdp"])
-  built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
-                         teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
-                         compute_dtype=student.dtype)
-  state = jax.device_put(state, built.state_shardings)
-
   cross = span_kl = None
   if spec.cross.enabled:  # a teacher with its own tokenizer: span scoring (opd_jax/crosstok)
     cross, span_kl = crosstok.build(
         spec.cross, student_tokenizer=tokenizer, teacher_dir=spec.pair.teacher, problems=train_problems + heldout,
         eos_ids=eos_ids, max_prompt_tokens=d.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
         use_chat_template=d.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
-        temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch)
+        temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch,
+        objective=spec.objective, student_vocab_size=vocab_size)
+    settings = dataclasses.replace(settings, projection=cross.projection)
+  built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
+                         teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
+                         compute_dtype=student.dtype)
+  state = jax.device_put(state, built.state_shardings)
+
   main = teachers_lib.RoutedTeacher(spec.teachers.specs[0].name, teacher_graphdef, teacher_state,
                                     built.teacher_score, main_served, span_kl or built.eval_reverse_kl)
   teachers = teachers_lib.connect(spec, main, student_graphdef=graphdef, settings=settings, tokenizer=tokenizer,

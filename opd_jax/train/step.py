@@ -36,9 +36,10 @@ from opd_jax.errors import InputError
 from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
 from opd_jax.objectives.chunked import gather_logp, merge_rows, split_rows, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
-from opd_jax.objectives.spans import span_total
-from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact, divergence_topk,
-                                       effective_sample_size, group_advantages, masked_mean)
+from opd_jax.objectives.spans import span_starts, span_total
+from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
+                                       divergence_projected, divergence_topk, divergence_uld, effective_sample_size,
+                                       group_advantages, masked_mean)
 
 
 @jax.tree_util.register_dataclass
@@ -107,9 +108,10 @@ def _per_teacher(names: tuple[str, ...], learner_logp_BxR, teacher_logp_BxR, mas
 
 
 def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int, teacher,
-                     vocab_metrics: bool, params, batch: RolloutBatch):
+                     vocab_metrics: bool, projection_Vs, params, batch: RolloutBatch):
   """Per-token learner quantities of one (micro-)batch, [B, R] each: "logp" (differentiable), "divergence"
-  (vocabulary objectives, differentiable) and "vocab/*" mismatch terms (no gradient)."""
+  (vocabulary objectives, differentiable) and "vocab/*" mismatch terms (no gradient). projection_Vs: a
+  cross-tokenizer teacher's token projection (the full-distribution form, opd_jax.crosstok.projection), or None."""
   model = nnx.merge(graphdef, params)
   arrays = {"hidden": response_hidden(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
                                       batch.mask_BxR),
@@ -129,8 +131,11 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
     out = {"logp": gather_logp(tempered_log_softmax(logits_BxCxV, temperature), x["tokens"])}
     if objective.needs_teacher_hidden:
       teacher_logits_BxCxV = jax.lax.stop_gradient(teacher.logits(x["teacher_hidden"]))
-      out["divergence"] = divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t)
-    if objective.needs_teacher_topk:
+      out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if projection_Vs is None
+                           else divergence_projected(logits_BxCxV, teacher_logits_BxCxV, projection_Vs, t))
+    if objective.name == "uld":
+      out["divergence"] = divergence_uld(logits_BxCxV, x["teacher_top_logp"], t)
+    elif objective.needs_teacher_topk:
       out["divergence"] = divergence_topk(logits_BxCxV, x["teacher_top_logp"], x["teacher_top_ids"], beta, t)
     if vocab_metrics:  # compared at temperature 1 (what the sampler's top-k log-probs are)
       out.update({f"vocab/{k}": v for k, v in vocab_divergences_topk_per_token(
@@ -143,7 +148,8 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
 def train_step(graphdef, optimizer: optax.GradientTransformation, objective: ObjectiveConfig,
                temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
                teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
-               mismatch_metrics: bool = True, teacher_names: tuple[str, ...] = ()):
+               mismatch_metrics: bool = True, teacher_names: tuple[str, ...] = (),
+               projection: tuple[int, ...] | None = None):
   """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
 
   teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
@@ -151,6 +157,8 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   vocabulary chunk (0 = all at once). micro_batch_size: rows per gradient-accumulation micro-batch (0 = the whole
   batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost). teacher_names: the
   teachers of a multi-teacher run, in the order of the batch's teacher_route_BxN columns (per-teacher metrics).
+  projection: a cross-tokenizer teacher's student-to-teacher token map (opd_jax.crosstok.projection; the exact
+  vocabulary objectives then compare the projected student distribution with the teacher's at span starts).
   """
   mask = batch.mask_BxR
   B = mask.shape[0]
@@ -165,8 +173,9 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   vocab_metrics = mismatch_metrics and batch.sampler_top_logprobs_BxRxK is not None
   advantage_B = None if batch.reward_B is None else group_advantages(batch.reward_B, objective.group_size)
   token_count = jnp.sum(mask)
+  projection_Vs = None if projection is None else jnp.asarray(projection, jnp.int32)
   forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
-                              vocab_metrics)
+                              vocab_metrics, projection_Vs)
   loss, aux, grads, per_token = _gradients(forward, objective, state.params, batch, advantage_B, token_count, M)
   learner_logp_BxR = per_token.pop("learner_logp")
   new_state, update = _guarded_update(optimizer, objective, state, loss, aux, grads)
@@ -182,8 +191,11 @@ def _gradients(forward, objective: ObjectiveConfig, params, batch: RolloutBatch,
   def loss_fn(params, micro: RolloutBatch, micro_advantage_B):
     per_token = forward(params, micro)
     learner_logp_BxR = per_token.pop("logp") * micro.mask_BxR
+    divergence_BxR = per_token.pop("divergence", None)
+    if divergence_BxR is not None and micro.span_BxR is not None:  # across tokenizers: at span starts only
+      divergence_BxR = divergence_BxR * span_starts(micro.span_BxR)
     inputs = LossInputs(learner_logp_BxR, micro.sampler_logp_BxR, micro.teacher_logp_BxR, micro.mask_BxR,
-                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR)
+                        divergence_BxR, micro_advantage_B, micro.span_BxR)
     loss, aux = compute_loss(inputs, objective, token_count)
     per_token["learner_logp"] = learner_logp_BxR
     return loss, (aux, jax.lax.stop_gradient(per_token))
