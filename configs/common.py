@@ -70,7 +70,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # A teacher with its own tokenizer and prompt format (opd_jax/crosstok): the student's sampled text is decoded,
   # re-tokenized by the teacher's tokenizer after the prompt in the teacher's own format, and scored exactly span
   # by span (a span: characters both tokenizations delimit). objective.name: reverse_kl_pg (span form), reverse_kl
-  # (the student's distribution projected into the teacher's vocabulary at span starts) or uld (the ULD baseline);
+  # (both next-token distributions marginalized onto the next character, at span starts) or uld (the ULD baseline);
   # one teacher, in this process. False: the pair must share a tokenizer (opd_jax/models/tokenizer_compat.py).
   c.cross_tokenizer = ml_collections.ConfigDict()
   c.cross_tokenizer.enabled = False

@@ -13,7 +13,7 @@ from flax import nnx
 from configs import common
 from opd_jax.crosstok.align import UNSCORED, align, token_ends
 from opd_jax.crosstok.formats import TeacherFormat
-from opd_jax.crosstok.projection import first_token_projection
+from opd_jax.crosstok.projection import character_events
 from opd_jax.crosstok.scoring import _teacher_inputs, span_score_program
 from opd_jax.crosstok.view import CrossTokenizerView
 from opd_jax.data.char_tokenizer import build_char_tokenizer
@@ -133,8 +133,9 @@ def test_span_total_of_single_token_spans_is_the_token_value():
 def test_one_tokenizer_on_both_sides_is_reverse_kl_pg_and_reverse_kl(tiny_pair):
   """The student's own tokenizer as the 'other' one: every span is one token, the span program's teacher
   log-probs and hidden states equal the token scoring program's (two XLA programs: to float rounding), and given
-  the same log-probs the span objective's loss and gradient equal reverse_kl_pg's exactly. reverse_kl then needs no
-  projection (test_projection_...) and reads those hidden states at every token: today's exact reverse KL."""
+  the same log-probs the span objective's loss and gradient equal reverse_kl_pg's exactly. reverse_kl then
+  marginalizes nothing (test_character_events_...) and reads those hidden states at every token: today's exact
+  reverse KL."""
   tokenizer = load_tokenizer(tiny_pair["student"])
   teacher_graphdef, teacher_state = nnx.split(load_pretrained(tiny_pair["teacher"]))
   prompts = ["1+2=", "34+5="]
@@ -175,32 +176,35 @@ def _student_prompts(tokenizer, prompts, length):
   return encode_prompts(tokenizer, [Problem(p, None) for p in prompts], length)
 
 
-def test_projection_maps_student_tokens_to_the_teachers_first_token(tokenizers):
-  """Each character of the student's vocabulary is the teacher's single-character token; its EOS the teacher's end
-  token; <pad> the teacher's <pad> (same spelling). One vocabulary on both sides: no projection (the identity)."""
+def test_character_events_marginalize_both_vocabularies(tokenizers):
+  """The teacher's "12" and "1" and the student's "1" are one event (next character "1"); both EOS are "end"; <pad>
+  is shared by spelling; the teacher's <unk> is its own. One vocabulary on both sides: no events (token KL)."""
   char, number = tokenizers["char"], tokenizers["number"]
-  projection = first_token_projection(char, number, len(char), (char.eos_token_id,), number.eos_token_id)
-  for token, s in char.get_vocab().items():
-    want = {"<eos>": number.eos_token_id}.get(token, number.get_vocab()[token])
-    assert projection[s] == want, token
-  assert first_token_projection(char, char, len(char), (1,), 1) is None
+  student, teacher, count = character_events(char, number, len(char), len(number), (char.eos_token_id,),
+                                             number.eos_token_id)
+  s_id, t_id = char.get_vocab(), number.get_vocab()
+  assert student[s_id["1"]] == teacher[t_id["12"]] == teacher[t_id["1"]] == teacher[t_id["19"]]
+  assert student[s_id["1"]] != teacher[t_id["21"]]
+  assert student[s_id["<eos>"]] == teacher[t_id["<eos>"]] and student[s_id["<pad>"]] == teacher[t_id["<pad>"]]
+  assert teacher[t_id["<unk>"]] not in student and count == len(char) + 1
+  assert character_events(char, char, len(char), len(char), (1,), 1) is None
 
 
-def test_projected_and_uld_divergences():
-  """The projection through the identity is the exact reverse KL (to the renormalization's rounding); merging two
-  student tokens into one teacher token adds their mass. ULD is 0 for a permuted teacher: it compares sorted
-  probabilities, not events (why it is only a baseline)."""
+def test_marginalized_and_uld_divergences():
+  """Each token its own event: the exact reverse KL (to the renormalization's rounding). Merging two teacher tokens
+  into one event adds their mass. ULD is 0 for a permuted teacher: it compares sorted probabilities, not events
+  (why it is only a baseline)."""
   key_s, key_t = jax.random.split(jax.random.key(0))
   student, teacher = jax.random.normal(key_s, (2, 3, 6)), jax.random.normal(key_t, (2, 3, 6))
-  identity = jnp.arange(6)
-  np.testing.assert_allclose(np.asarray(losses.divergence_projected(student, teacher, identity, 1.0)),
+  identity = (jnp.arange(6), jnp.arange(6), 6)
+  np.testing.assert_allclose(np.asarray(losses.divergence_marginalized(student, teacher, identity, 1.0)),
                              np.asarray(losses.divergence_exact(student, teacher, 1.0, 1.0)), atol=1e-6)
-  merged = jnp.asarray([0, 0, 1, 2, 3, -1])  # tokens 0, 1 -> teacher 0; token 5 unmapped
-  p = jax.nn.softmax(student, axis=-1)
-  q = jnp.stack([p[..., 0] + p[..., 1], p[..., 2], p[..., 3], p[..., 4]], -1)
-  q = q / q.sum(-1, keepdims=True)
-  want = jnp.sum(q * (jnp.log(q) - jax.nn.log_softmax(teacher[..., :4], axis=-1)), -1)
-  np.testing.assert_allclose(np.asarray(losses.divergence_projected(student, teacher[..., :4], merged, 1.0)),
+  merged = (jnp.asarray([0, 1, 2, 3, 4, -1]), jnp.asarray([0, 0, 1, 2, 3, 4]), 5)  # teacher 0, 1 -> event 0
+  p, t = jax.nn.softmax(student, axis=-1), jax.nn.softmax(teacher, axis=-1)
+  q_s = p[..., :5] / p[..., :5].sum(-1, keepdims=True)
+  q_t = jnp.concatenate([t[..., :1] + t[..., 1:2], t[..., 2:]], -1)
+  want = jnp.sum(q_s * (jnp.log(q_s) - jnp.log(q_t)), -1)
+  np.testing.assert_allclose(np.asarray(losses.divergence_marginalized(student, teacher, merged, 1.0)),
                              np.asarray(want), atol=1e-6)
   top = lambda logits: jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), 4)[0]
   np.testing.assert_allclose(np.asarray(losses.divergence_uld(student, top(student[..., ::-1]), 1.0)), 0, atol=1e-6)
@@ -252,7 +256,7 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
 
 
 @pytest.mark.parametrize("override,message", [
-    ({"objective.name": "forward_kl"}, "the span form, the projected full distribution"),
+    ({"objective.name": "forward_kl"}, "the span form, the next-character marginals"),
     ({"train.eval_teacher_forced": True}, "eval_teacher_forced"),
     ({"cross_tokenizer.max_teacher_response_tokens": -1}, "max_teacher_response_tokens"),
 ])

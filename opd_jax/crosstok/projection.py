@@ -1,49 +1,58 @@
-"""The student-to-teacher token projection of the full-distribution cross-tokenizer objective.
+"""The common event space of the full-distribution cross-tokenizer objective: the next character.
 
-Legend: Vs / Vt the student's / teacher's vocabulary.
+Legend: Vs / Vt the student's / teacher's vocabulary, E events.
 
-At a position where both tokenizations start a span, both models predict the same next characters. The student's
-distribution over its tokens is carried into the teacher's vocabulary by mapping each student token to the first
-teacher token of the teacher's own tokenization of that token's text (X-Token's idea, arXiv 2605.21699, here as
-a single first-token map built once from the two vocabularies): q(t) = sum of p_S(s) over the student tokens s
-mapped to t, renormalized over the mapped tokens. The student's EOS maps to the teacher's end token; another
-special token maps to the teacher token spelled the same, if any; a token whose text the teacher cannot spell back
-(an unknown token, a partial UTF-8 byte) maps nowhere (-1) and its mass leaves q.
+At a position where both tokenizations start a span, both models predict the same next characters, but over
+different token sets. Both distributions are marginalized onto one event both can name: the first character of
+the next token (byte-prefix marginalization at the first character). q_S(c) sums p_S over the student tokens
+whose text starts with c, q_T(c) sums p_T over the teacher's; the objective is KL(q_S || q_T). A student that
+writes digits one by one and a teacher that writes "12" as one token then compare P(next character is "1")
+exactly: the teacher's "1", "10", ..., "19" all count for "1". The student's EOS and the teacher's end token are
+one event ("end"); another special token is an event of its own, shared with the other side's token of the same
+spelling; a token whose text does not start with a whole character (a partial UTF-8 byte) is in no event, and
+each side's q is renormalized over the tokens that are.
 
-With one vocabulary on both sides the map is the identity and there is nothing to project: `first_token_projection`
-returns None and the objective is today's exact reverse KL.
+With one vocabulary on both sides nothing is marginalized: `character_events` returns None and the objective is
+today's exact reverse KL over tokens.
 """
 
 from __future__ import annotations
 
 from opd_jax.crosstok.view import special_ids
 
-UNMAPPED = -1
+NO_EVENT = -1
+_END = ("end",)
 
 
-def first_token_projection(student_tokenizer, teacher_tokenizer, student_vocab_size: int, eos_ids: tuple[int, ...],
-                           teacher_end_id: int | None) -> tuple[int, ...] | None:
-  """Per student token id < student_vocab_size: its teacher token id, or UNMAPPED; None for identical vocabularies.
-  Costs one decode and one encode per student token (~1 s for 50k tokens)."""
-  student_vocab, teacher_vocab = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-  if student_vocab == teacher_vocab:
+def _keys(tokenizer, vocab_size: int, end_ids: set[int]) -> list:
+  """Each token id's event key: _END, ("special", spelling), ("char", first character), or None."""
+  specials, by_id = special_ids(tokenizer), {i: t for t, i in tokenizer.get_vocab().items()}
+  keys = []
+  for i in range(vocab_size):
+    if i in end_ids:
+      keys.append(_END)
+    elif i in specials:
+      keys.append(("special", by_id.get(i)))
+    elif i not in by_id:
+      keys.append(None)  # a padded embedding row: no token
+    else:
+      text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+      keys.append(("char", text[0]) if text and text[0] != "\ufffd" else None)
+  return keys
+
+
+def character_events(student_tokenizer, teacher_tokenizer, student_vocab_size: int, teacher_vocab_size: int,
+                     eos_ids: tuple[int, ...], teacher_end_id: int | None
+                     ) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+  """(event of each student token id, event of each teacher token id, number of events), NO_EVENT for a token in
+  none; None for identical vocabularies. One decode per token (~1 s per 50k tokens)."""
+  if student_tokenizer.get_vocab() == teacher_tokenizer.get_vocab():
     return None
-  specials, unk = special_ids(student_tokenizer), getattr(teacher_tokenizer, "unk_token_id", None)
-  out = [UNMAPPED] * student_vocab_size
-  for token, s in student_vocab.items():
-    if s >= student_vocab_size:
-      continue
-    if s in eos_ids:
-      out[s] = UNMAPPED if teacher_end_id is None else teacher_end_id
-      continue
-    if s in specials:
-      out[s] = teacher_vocab.get(token, UNMAPPED)
-      continue
-    text = student_tokenizer.decode([s], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    if not text or "\ufffd" in text:
-      continue
-    ids = teacher_tokenizer.encode(text, add_special_tokens=False)
-    spelled = teacher_tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    if ids and spelled == text and ids[0] != unk:
-      out[s] = ids[0]
-  return tuple(out)
+  student = _keys(student_tokenizer, student_vocab_size, set(eos_ids))
+  teacher = _keys(teacher_tokenizer, teacher_vocab_size, set() if teacher_end_id is None else {teacher_end_id})
+  index: dict = {}
+  for key in student + teacher:
+    if key is not None:
+      index.setdefault(key, len(index))
+  event = lambda keys: tuple(NO_EVENT if key is None else index[key] for key in keys)
+  return event(student), event(teacher), len(index)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from opd_jax.crosstok.projection import first_token_projection
+from opd_jax.crosstok.projection import character_events
 from opd_jax.crosstok.view import STATS, CrossTokenizerView
 from opd_jax.objectives.logprobs import Scores, response_hidden
 from opd_jax.objectives.chunked import score_tokens
@@ -70,7 +70,7 @@ class CrossTokenizerScorer:
         teacher_graphdef, temperature, logits_chunk, hidden=objective.needs_teacher_hidden,
         top_k=objective.top_k if objective.needs_teacher_topk else 0, top_k_temperature=objective.temperature)
     self.last_stats: dict = {}
-    self.projection: tuple[int, ...] | None = None  # set by `build` for the full-distribution form
+    self.projection: tuple | None = None  # set by `build` for the full-distribution form (character_events)
 
   def score(self, teacher_state, index_B, tokens_BxR, mask_BxR) -> tuple[Scores, jax.Array]:
     """(the teacher's Scores on the student's tokens (span_score_program), student_span_BxR) on the learner's
@@ -129,9 +129,9 @@ class SpanKL:
 
 def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids: tuple[int, ...],
           max_prompt_tokens: int, max_new_tokens: int, use_chat_template: bool, student_graphdef, teacher_graphdef,
-          temperature: float, logits_chunk: int, put_batch, objective: ObjectiveConfig, student_vocab_size: int
-          ) -> tuple[CrossTokenizerScorer, SpanKL]:
-  """The run's scorer (with the token projection the exact vocabulary objectives need, as `.projection`) and
+          temperature: float, logits_chunk: int, put_batch, objective: ObjectiveConfig, student_vocab_size: int,
+          teacher_vocab_size: int) -> tuple[CrossTokenizerScorer, SpanKL]:
+  """The run's scorer (with the common events the exact vocabulary objectives need, as `.projection`) and
   held-out span KL for a CrossTokenizerSpec `cross` (enabled). problems: the training problems (batch indices
   refer to them) followed by the held-out ones."""
   from opd_jax.data.batching import encode_prompts
@@ -143,6 +143,6 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
   view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
   scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective)
   if objective.needs_teacher_hidden:
-    scorer.projection = first_token_projection(student_tokenizer, view.teacher, student_vocab_size, eos_ids,
-                                               view.end_id)
+    scorer.projection = character_events(student_tokenizer, view.teacher, student_vocab_size,
+                                         teacher_vocab_size, eos_ids, view.end_id)
   return scorer, SpanKL(view, student_graphdef, teacher_graphdef, logits_chunk, put_batch)

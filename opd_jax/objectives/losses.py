@@ -28,7 +28,9 @@ tokens a_t. Log-probs and logits are float32.
                  tokens (1 when every weight is equal) is logged as opd/is_ess; with `min_ess` > 0 an update whose
                  ESS falls below it is skipped (the state stays as it was; logged as skipped_low_ess), so a
                  correction that keeps a handful of responses cannot take full Adam steps on them.
-  reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix.
+  reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix. With a teacher of another
+                 tokenizer (opd_jax.crosstok): at each span start, KL between both next-token distributions
+                 marginalized onto the next character (`divergence_marginalized`), 0 at the span's other tokens.
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
   grpo           the RL baseline under identical rollouts (no teacher in the loss): each prompt is sampled
@@ -199,20 +201,21 @@ def _with_tail(top_BxRxK):
   return jnp.concatenate([top_BxRxK, tail_BxRx1], axis=-1)
 
 
-def divergence_projected(student_logits_BxRxVs, teacher_logits_BxRxVt, projection_Vs: jax.Array,
-                         temperature: float) -> jax.Array:
-  """KL(q || pi_T) per position, [B, R]: q is the student's distribution carried into the teacher's vocabulary by
-  `projection_Vs` (each student token's teacher token, or -1: its mass leaves q, which is renormalized; see
-  opd_jax.crosstok.projection), pi_T the teacher's, both at `temperature`."""
-  p_BxRxVs = jax.nn.softmax(student_logits_BxRxVs / temperature, axis=-1)
-  mapped_Vs = projection_Vs >= 0
-  Vt = teacher_logits_BxRxVt.shape[-1]
-  q_BxRxVt = jnp.zeros(p_BxRxVs.shape[:-1] + (Vt,), p_BxRxVs.dtype).at[..., jnp.maximum(projection_Vs, 0)].add(
-      jnp.where(mapped_Vs, p_BxRxVs, 0.0))
-  q_BxRxVt = q_BxRxVt / jnp.maximum(jnp.sum(q_BxRxVt, axis=-1, keepdims=True), 1e-30)
-  teacher_logp_BxRxVt = jax.nn.log_softmax(teacher_logits_BxRxVt / temperature, axis=-1)
-  log_q = jnp.log(jnp.maximum(q_BxRxVt, 1e-30))
-  return jnp.sum(jnp.where(q_BxRxVt > 0, q_BxRxVt * (log_q - teacher_logp_BxRxVt), 0.0), axis=-1)
+def divergence_marginalized(student_logits_BxRxVs, teacher_logits_BxRxVt, events, temperature: float) -> jax.Array:
+  """KL(q_S || q_T) per position, [B, R]: both distributions (at `temperature`) marginalized onto common events
+  by `events` = (student token -> event [Vs], teacher token -> event [Vt], number of events E), -1 for a token
+  in none, each side renormalized over its tokens in some event (opd_jax.crosstok.projection)."""
+  student_events_Vs, teacher_events_Vt, E = events
+
+  def marginal(logits_BxRxV, events_V):
+    p_BxRxV = jax.nn.softmax(logits_BxRxV / temperature, axis=-1)
+    q_BxRxE = jnp.zeros(p_BxRxV.shape[:-1] + (E,), p_BxRxV.dtype).at[..., jnp.maximum(events_V, 0)].add(
+        jnp.where(events_V >= 0, p_BxRxV, 0.0))
+    return q_BxRxE / jnp.maximum(jnp.sum(q_BxRxE, axis=-1, keepdims=True), 1e-30)
+
+  q_s, q_t = marginal(student_logits_BxRxVs, student_events_Vs), marginal(teacher_logits_BxRxVt, teacher_events_Vt)
+  log_ratio = jnp.log(jnp.maximum(q_s, 1e-30)) - jnp.log(jnp.maximum(q_t, 1e-30))
+  return jnp.sum(jnp.where(q_s > 0, q_s * log_ratio, 0.0), axis=-1)
 
 
 def divergence_uld(student_logits_BxRxV, teacher_top_logp_BxRxK, temperature: float) -> jax.Array:

@@ -108,7 +108,7 @@ def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers
   models with their own tokenizer files, and the teacher's static lengths within its context."""
   if objective.name not in CROSS_OBJECTIVES:
     raise InputError(f"cross_tokenizer.enabled=True trains {', '.join(CROSS_OBJECTIVES)} (the span form, the "
-                     f"projected full distribution, the ULD baseline); objective.name={objective.name!r} compares "
+                     f"next-character marginals, the ULD baseline); objective.name={objective.name!r} compares "
                      "distributions over one vocabulary")
   if teachers.multi or teachers.endpoints:
     raise InputError("cross_tokenizer.enabled=True scores with one teacher in this process for now; leave "

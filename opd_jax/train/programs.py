@@ -48,7 +48,7 @@ class RunSettings:
   teacher_names: tuple[str, ...] = ()  # multi-teacher runs: the teachers, in route order (per-teacher metrics)
   max_prompt_tokens: int = 0  # prompts' width (the paged engine's page tables are sized for it)
   batch_size: int = 0  # rows per rollout batch (the paged engine decodes this many at once by default)
-  projection: tuple[int, ...] | None = None  # cross-tokenizer full-distribution form (opd_jax.crosstok.projection)
+  projection: tuple | None = None  # cross-tokenizer full-distribution form's events (opd_jax.crosstok.projection)
 
   @classmethod
   def for_run(cls, spec: RunSpec, *, vocab_size: int, eos_ids: tuple[int, ...], pad_id: int,

@@ -107,7 +107,7 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
         eos_ids=eos_ids, max_prompt_tokens=d.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
         use_chat_template=d.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
         temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch,
-        objective=spec.objective, student_vocab_size=vocab_size)
+        objective=spec.objective, student_vocab_size=vocab_size, teacher_vocab_size=teacher.config.vocab_size)
     settings = dataclasses.replace(settings, projection=cross.projection)
   built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
                          teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,

@@ -38,7 +38,7 @@ from opd_jax.objectives.chunked import gather_logp, merge_rows, split_rows, temp
 from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.spans import span_starts, span_total
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
-                                       divergence_projected, divergence_topk, divergence_uld, effective_sample_size,
+                                       divergence_marginalized, divergence_topk, divergence_uld, effective_sample_size,
                                        group_advantages, masked_mean)
 
 
@@ -108,10 +108,10 @@ def _per_teacher(names: tuple[str, ...], learner_logp_BxR, teacher_logp_BxR, mas
 
 
 def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int, teacher,
-                     vocab_metrics: bool, projection_Vs, params, batch: RolloutBatch):
+                     vocab_metrics: bool, events, params, batch: RolloutBatch):
   """Per-token learner quantities of one (micro-)batch, [B, R] each: "logp" (differentiable), "divergence"
-  (vocabulary objectives, differentiable) and "vocab/*" mismatch terms (no gradient). projection_Vs: a
-  cross-tokenizer teacher's token projection (the full-distribution form, opd_jax.crosstok.projection), or None."""
+  (vocabulary objectives, differentiable) and "vocab/*" mismatch terms (no gradient). events: a cross-tokenizer
+  teacher's common events (the full-distribution form, opd_jax.crosstok.projection), or None."""
   model = nnx.merge(graphdef, params)
   arrays = {"hidden": response_hidden(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
                                       batch.mask_BxR),
@@ -131,8 +131,8 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
     out = {"logp": gather_logp(tempered_log_softmax(logits_BxCxV, temperature), x["tokens"])}
     if objective.needs_teacher_hidden:
       teacher_logits_BxCxV = jax.lax.stop_gradient(teacher.logits(x["teacher_hidden"]))
-      out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if projection_Vs is None
-                           else divergence_projected(logits_BxCxV, teacher_logits_BxCxV, projection_Vs, t))
+      out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if events is None
+                           else divergence_marginalized(logits_BxCxV, teacher_logits_BxCxV, events, t))
     if objective.name == "uld":
       out["divergence"] = divergence_uld(logits_BxCxV, x["teacher_top_logp"], t)
     elif objective.needs_teacher_topk:
@@ -149,7 +149,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
                temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
                teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
                mismatch_metrics: bool = True, teacher_names: tuple[str, ...] = (),
-               projection: tuple[int, ...] | None = None):
+               projection: tuple | None = None):
   """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
 
   teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
@@ -157,8 +157,8 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   vocabulary chunk (0 = all at once). micro_batch_size: rows per gradient-accumulation micro-batch (0 = the whole
   batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost). teacher_names: the
   teachers of a multi-teacher run, in the order of the batch's teacher_route_BxN columns (per-teacher metrics).
-  projection: a cross-tokenizer teacher's student-to-teacher token map (opd_jax.crosstok.projection; the exact
-  vocabulary objectives then compare the projected student distribution with the teacher's at span starts).
+  projection: a cross-tokenizer teacher's common events (opd_jax.crosstok.projection.character_events; the exact
+  vocabulary objectives then compare both distributions marginalized onto them, at span starts).
   """
   mask = batch.mask_BxR
   B = mask.shape[0]
@@ -173,9 +173,10 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   vocab_metrics = mismatch_metrics and batch.sampler_top_logprobs_BxRxK is not None
   advantage_B = None if batch.reward_B is None else group_advantages(batch.reward_B, objective.group_size)
   token_count = jnp.sum(mask)
-  projection_Vs = None if projection is None else jnp.asarray(projection, jnp.int32)
+  events = None if projection is None else (jnp.asarray(projection[0], jnp.int32),
+                                            jnp.asarray(projection[1], jnp.int32), projection[2])
   forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
-                              vocab_metrics, projection_Vs)
+                              vocab_metrics, events)
   loss, aux, grads, per_token = _gradients(forward, objective, state.params, batch, advantage_B, token_count, M)
   learner_logp_BxR = per_token.pop("learner_logp")
   new_state, update = _guarded_update(optimizer, objective, state, loss, aux, grads)
