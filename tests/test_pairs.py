@@ -13,7 +13,7 @@ from opd_jax.rollout.sampler import Sampler, SamplingConfig
 from opd_jax.train.evaluation import evaluate
 from opd_jax.train.pairs import ASSETS, PAIRS
 
-FAMILY = {"pair1": "qwen3", "pair2": "llama", "pair3": "qwen2"}
+FAMILY = {"pair1": "qwen3", "pair2": "llama", "pair3": "qwen2", "pairx": "qwen3"}
 
 
 def test_shipped_weights_fit_the_size_budget():
@@ -28,15 +28,16 @@ def test_pair_accuracy_matches_build_info(pair):
   with open(os.path.join(ASSETS, pair, "build_info.json")) as f:
     info = json.load(f)
   assert info["teacher"]["heldout_greedy_accuracy"] >= 0.9
-  assert 0.2 <= info["student"]["heldout_greedy_accuracy"] <= 0.6
+  assert "student" not in PAIRS[pair] or 0.2 <= info["student"]["heldout_greedy_accuracy"] <= 0.6
   task = ArithmeticTask()
   problems = task.problems("heldout", 128, seed=0)  # the first 128 of the 512 build_info reports on
-  for role in ("teacher", "student"):
+  for role in PAIRS[pair]:  # pairx ships a teacher only (its student is pair1's)
     path = os.path.join(ASSETS, pair, role)
     model = load_pretrained(path)
     assert model.config.model_type == FAMILY[pair]
     graphdef, state = nnx.split(model)
-    sampler = Sampler(graphdef, SamplingConfig(max_new_tokens=64, temperature=0.0, eos_ids=(1,), pad_id=0))
+    sampler = Sampler(graphdef, SamplingConfig(max_new_tokens=64, temperature=0.0, eos_ids=model.config.eos_token_id,
+                                               pad_id=0))
     accuracy = evaluate(sampler, state, load_tokenizer(path), problems, max_prompt_tokens=20, batch_size=128,
                         key=jax.random.key(0))["accuracy"]
     # 128 of the 512 problems: within ~4 standard errors of the recorded accuracy.

@@ -66,7 +66,13 @@ def _summarize(workdir: str) -> dict:
   mean = lambda k: float(np.mean([r[k] for r in train_rows if isinstance(r.get(k), float)]))
   summary = {k: mean(k) for k in mismatch_keys}
   importance = {k: mean(k) for k in ("opd/is_weight", "opd/is_ess") if any(k in r for r in train_rows)}
+  # a cross-tokenizer teacher (opd_jax/crosstok): alignment means, and its held-out KL (a span estimate)
+  cross = {k: mean(k) for k in sorted({k for r in train_rows for k in r if k.startswith("cross_tokenizer/")})}
+  if "eval/span_reverse_kl" in eval_rows[-1]:
+    cross.update(initial_span_reverse_kl=eval_rows[0].get("eval/span_reverse_kl"),
+                 final_span_reverse_kl=eval_rows[-1]["eval/span_reverse_kl"])
   return {"mismatch": summary, **({"importance": importance} if importance else {}),
+          **({"cross_tokenizer": cross} if cross else {}),
           "initial_accuracy": eval_rows[0]["eval/accuracy"],
           "final_accuracy": eval_rows[-1]["eval/accuracy"],
           "best_accuracy": max(r["eval/accuracy"] for r in eval_rows),

@@ -3,6 +3,8 @@
   config.prepare.gguf         installed package or .gguf file the teacher is imported from
   config.prepare.keep_layers  the student is the teacher pruned to this many layers (opd_jax.prepare.prune), on
                               the teacher's greedy responses to the first prepare.prompts training prompts
+  config.prepare.student_gguf optional: the student is imported from this package or file instead (a pair of two
+                              models, e.g. of two families with their own tokenizers); nothing is pruned
   config.teacher / .student   where the two HF directories are (or will be) written
 
 Both steps are idempotent (a finished directory made from the same source and settings is reused), so every
@@ -28,6 +30,13 @@ def prepare_pair(config) -> None:
   if "prepare" not in config:
     return
   p = config.prepare
+  if p.get("student_gguf"):  # two imported models
+    for source, out in ((p.gguf, config.teacher), (p.student_gguf, config.student)):
+      summary = import_gguf(source, out)
+      if not summary["skipped"]:
+        _log(f"imported {source} into {out}: {summary['architecture']}, {summary['layers']} layers, "
+             f"{summary['params'] / 1e6:.1f}M params in {summary['seconds']:.0f} s")
+    return
   for field in ("keep_layers", "prompts", "max_prompt_tokens", "max_new_tokens", "drops_per_round"):
     if isinstance(p[field], bool) or not isinstance(p[field], int) or p[field] < 1:
       raise InputError(f"prepare.{field} must be a positive integer, got {p[field]!r}")

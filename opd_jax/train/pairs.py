@@ -16,6 +16,7 @@ import time
 import jax
 from flax import nnx
 
+from opd_jax.data import number_tokenizer
 from opd_jax.data.char_tokenizer import EOS, PAD, build_char_tokenizer
 from opd_jax.data.task import ArithmeticTask
 from opd_jax.errors import InputError
@@ -27,6 +28,10 @@ from opd_jax.train.sft import SFTConfig, train_sft
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 VOCAB_SIZE = 32  # the character tokenizer's 18 tokens, padded so the vocab splits over 2, 4 or 8 devices
+# Each tokenizer a model may use: (builder, vocab size padded as above, EOS id). "number" pairs digits
+# (opd_jax/data/number_tokenizer.py): the teacher of the cross-tokenizer pair.
+TOKENIZERS = {"char": (build_char_tokenizer, VOCAB_SIZE, 1),
+              "number": (number_tokenizer.build_number_tokenizer, 128, number_tokenizer.VOCAB[number_tokenizer.EOS])}
 EVAL_PROBLEMS = 512
 
 
@@ -48,14 +53,16 @@ class ModelSpec:
   # apart from the reported ones) where greedy accuracy reaches this. None = train all sft_steps with cosine decay.
   stop_at_accuracy: float | None = None
   rope_scaling: tuple | None = None  # llama3 frequency scaling as (key, value) pairs, exercised by pair2
+  tokenizer: str = "char"  # a key of TOKENIZERS
 
   def model_config(self) -> ModelConfig:
-    return ModelConfig(model_type=self.model_type, vocab_size=VOCAB_SIZE, hidden_size=self.hidden_size,
+    _, vocab_size, eos = TOKENIZERS[self.tokenizer]
+    return ModelConfig(model_type=self.model_type, vocab_size=vocab_size, hidden_size=self.hidden_size,
                        intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
                        num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
                        head_dim=self.head_dim, tie_word_embeddings=self.tie_word_embeddings,
                        rope_theta=10000.0, rope_scaling=self.rope_scaling, max_position_embeddings=256,
-                       eos_token_id=(1,), pad_token_id=0, bos_token_id=None)
+                       eos_token_id=(eos,), pad_token_id=0, bos_token_id=None)
 
 
 _LLAMA3_SCALING = (("factor", 4.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
@@ -83,6 +90,13 @@ PAIRS: dict[str, dict[str, ModelSpec]] = {
         "student": ModelSpec("qwen2", 128, 2, 4, 2, 384, False, sft_steps=1500, learning_rate=2e-3,
                              init_seed=6, data_seed=16, stop_at_accuracy=0.3),
     },
+    # Cross-tokenizer (opd_jax/crosstok): pair1's teacher recipe (same architecture, seeds and steps) with a
+    # tokenizer that writes two-digit numbers as one token; its student is pair1's (configs/pairx.py), which
+    # writes every digit alone. Only the tokenizer differs from pair1's teacher.
+    "pairx": {
+        "teacher": ModelSpec("qwen3", 128, 4, 4, 2, 384, True, sft_steps=2000, learning_rate=3e-3,
+                             init_seed=1, data_seed=11, tokenizer="number"),
+    },
 }
 
 
@@ -92,7 +106,8 @@ def build_model(spec: ModelSpec, tokenizer, task: ArithmeticTask, log=print) -> 
   model = Decoder(config, rngs=nnx.Rngs(spec.init_seed))
   max_prompt, max_response = task.max_prompt_chars() + 2, task.max_response_chars() + 1
   graphdef, _ = nnx.split(model)
-  greedy = Sampler(graphdef, SamplingConfig(max_new_tokens=max_response, temperature=0.0, eos_ids=(1,), pad_id=0))
+  greedy = Sampler(graphdef, SamplingConfig(max_new_tokens=max_response, temperature=0.0,
+                                            eos_ids=config.eos_token_id, pad_id=0))
   measure = lambda state, problems: evaluate(greedy, state, tokenizer, problems, max_prompt_tokens=max_prompt,
                                              batch_size=128, key=jax.random.key(0))["accuracy"]
   stop_problems = task.problems("heldout", 256, seed=1)  # early stopping never sees the reported problems
@@ -124,12 +139,14 @@ def build_pair(name: str, out_root: str = ASSETS, roles=("teacher", "student"), 
   pair_dir = os.path.join(out_root, name)
   os.makedirs(pair_dir, exist_ok=True)
   tokenizer_dir = os.path.join(pair_dir, "_tokenizer")
-  build_char_tokenizer(tokenizer_dir)
-  tokenizer = load_tokenizer(tokenizer_dir)
-  assert tokenizer.pad_token == PAD and tokenizer.eos_token == EOS
   info_path = os.path.join(pair_dir, "build_info.json")
   info = json.load(open(info_path)) if os.path.exists(info_path) else {}
   for role in roles:
+    if role not in PAIRS[name]:
+      raise InputError(f"pair {name!r} has no {role} to build (it has {sorted(PAIRS[name])})")
+    TOKENIZERS[PAIRS[name][role].tokenizer][0](tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    assert tokenizer.pad_token == PAD and tokenizer.eos_token == EOS
     log(f"{name} {role}: {PAIRS[name][role]}")
     model, info[role] = build_model(PAIRS[name][role], tokenizer, task, log)
     extra = {f: os.path.join(tokenizer_dir, f) for f in os.listdir(tokenizer_dir)}
