@@ -235,6 +235,16 @@ CASES = [
     ("build_chat_prompts_teacher", "study/build_chat_prompts.py", "--teacher={d}/none", "does not exist"),
     ("train_real_missing_package", "launch/train.py", "--config=configs/smollm2.py:runlocal", "--workdir={d}/run",
      "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models", "is not installed"),
+    ("train_cross_missing_package", "launch/train.py", "--config=configs/gemma3_to_smollm2.py:runlocal",
+     "--workdir={d}/run", "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models",
+     "is not installed"),
+    # train.py: a teacher of another tokenizer (opd_jax/crosstok)
+    ("train_cross_format", *TRAIN, "--config.cross_tokenizer.enabled=True",
+     "--config.cross_tokenizer.teacher_format=Q: {{question}}", "does not render"),
+    ("train_cross_objective", *TRAIN, "--config.cross_tokenizer.enabled=True", "--config.objective.name=forward_kl",
+     "next-character marginals"),
+    ("train_cross_lengths", *TRAIN, "--config.cross_tokenizer.enabled=True",
+     "--config.cross_tokenizer.max_teacher_response_tokens=4096", "exceed its max_position_embeddings"),
     # gke_launch.py: the manifest's settings, before anything is rendered or submitted
     ("gke_accelerator", "launch/gke_launch.py", "--name=run", "--accelerator=tpu-v4-8", "--image=i",
      "--config=configs/pair1.py", "--bucket=b", "--workdir=/gcs/b/run", "--dry_run", "--accelerator='tpu-v4-8'"),

@@ -14,23 +14,28 @@ from __future__ import annotations
 from opd_jax.errors import InputError
 
 
+def check_format(spec: str, where: str = "cross_tokenizer.teacher_format") -> None:
+  """'chat', 'plain', or a template that renders and names {prompt}; anything else is an InputError naming it."""
+  if spec in ("chat", "plain"):
+    return
+  try:
+    rendered = spec.format(prompt="")
+  except (KeyError, IndexError, ValueError) as e:
+    raise InputError(f"{where}={spec!r} does not render ({type(e).__name__}: {e}); a template names only "
+                     "{prompt} and writes literal braces as {{ and }}") from None
+  if "{prompt}" not in spec.replace("{{", "").replace("}}", "") or rendered == spec:
+    raise InputError(f"{where}={spec!r} is neither 'chat', 'plain' nor a template with {{prompt}} in it")
+
+
 class TeacherFormat:
   """A checked teacher prompt format (module docstring); `ids(prompt)` renders and tokenizes one prompt."""
 
   def __init__(self, spec: str, tokenizer, where: str = "cross_tokenizer.teacher_format"):
     self.spec, self.tokenizer = spec, tokenizer
-    if spec == "chat":
-      if not getattr(tokenizer, "chat_template", None):
-        raise InputError(f"{where}='chat', but the teacher's tokenizer has no chat template (a base model); set it "
-                         "to 'plain' or a template such as 'Q: {prompt}\\nA:'")
-    elif spec != "plain":
-      try:
-        rendered = spec.format(prompt="")
-      except (KeyError, IndexError, ValueError) as e:
-        raise InputError(f"{where}={spec!r} does not render ({type(e).__name__}: {e}); a template names only "
-                         "{prompt} and writes literal braces as {{ and }}") from None
-      if "{prompt}" not in spec.replace("{{", "").replace("}}", "") or rendered == spec:
-        raise InputError(f"{where}={spec!r} is neither 'chat', 'plain' nor a template with {{prompt}} in it")
+    check_format(spec, where)
+    if spec == "chat" and not getattr(tokenizer, "chat_template", None):
+      raise InputError(f"{where}='chat', but the teacher's tokenizer has no chat template (a base model); set it "
+                       "to 'plain' or a template such as 'Q: {prompt}\\nA:'")
 
   def text(self, prompt: str) -> str:
     """The teacher's prompt text (for "chat", as the template renders it)."""

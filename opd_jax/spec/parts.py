@@ -238,6 +238,9 @@ class CrossTokenizerSpec:
     for field in ("teacher_format", "teacher_end"):
       if not isinstance(getattr(spec, field), str):
         raise InputError(f"cross_tokenizer.{field} must be a string, got {getattr(spec, field)!r}")
+    if spec.enabled:
+      from opd_jax.crosstok.formats import check_format
+      check_format(spec.teacher_format)
     for field in ("max_teacher_prompt_tokens", "max_teacher_response_tokens"):
       if not _is_int(getattr(spec, field)) or getattr(spec, field) < 0:
         raise InputError(f"cross_tokenizer.{field} must be an integer >= 0 (0 = twice the student's), got "
