@@ -16,7 +16,7 @@ import time
 from absl import flags
 
 from launch import _cli
-from study.french_words import FRENCH
+from study._french_words import FRENCH
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODELS = os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models")
