@@ -12,10 +12,10 @@ import pytest
 
 from opd_jax.data.problems import load_jsonl
 from opd_jax.errors import InputError
-from opd_jax.models import load_pretrained, load_tokenizer
+from opd_jax.models import load_pretrained, load_tokenizer, read_hf_config
 from opd_jax.models.gguf_import import import_gguf
 from opd_jax.prepare.prune import CalibrationSet, LayerScorer, choose_layers, prune, pruned_model
-from tests.gguf_files import write_gguf
+from tests.gguf_files import write_gemma3_gguf, write_gguf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAT_TRAIN = os.path.join(REPO, "opd_jax", "assets", "chat", "train.jsonl")
@@ -126,6 +126,32 @@ def test_real_model_config_runs_end_to_end_on_a_tiny_gguf(tmp_path):
   assert len(rows) == 1
   assert rows[0]["eval/teacher_forced_kl"] == pytest.approx(first["eval/teacher_forced_kl"], rel=1e-6)
   assert not (evaluate_only / "export").exists()
+
+
+def test_cross_family_config_runs_end_to_end_on_tiny_ggufs(tmp_path):
+  """configs/gemma3_to_smollm2.py:runlocal, pointed at two tiny GGUFs of two families (a gemma3 teacher with a
+  SentencePiece vocabulary, a llama student with byte-level BPE and ChatML): both imported by the prepare
+  section, the student distilled across tokenizers, the held-out span KL measured before and after."""
+  teacher_gguf, student_gguf = str(tmp_path / "teacher.gguf"), str(tmp_path / "student.gguf")
+  write_gemma3_gguf(teacher_gguf)
+  write_gguf(student_gguf, "llama")
+  models, workdir = str(tmp_path / "models"), str(tmp_path / "run")
+  command = [sys.executable, "launch/train.py", "--config=configs/gemma3_to_smollm2.py:runlocal",
+             f"--workdir={workdir}", f"--config.prepare.gguf={teacher_gguf}",
+             f"--config.prepare.student_gguf={student_gguf}", f"--config.prepare.dir={models}",
+             "--config.cross_tokenizer.teacher_end=<eos>",  # the tiny vocabulary has no "\n\n" token
+             "--config.cross_tokenizer.max_teacher_prompt_tokens=180",  # its few merges: about a token a character
+             "--config.cross_tokenizer.max_teacher_response_tokens=48", "--config.train.progress_bar=False"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+  result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert sorted(os.listdir(models)) == ["gemma3-270m", "smollm2-135m-instruct"]
+  assert read_hf_config(os.path.join(models, "gemma3-270m")).model_type == "gemma3_text"
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  evals = [r for r in rows if "eval/accuracy" in r]
+  assert len(evals) == 2 and all(r["eval/span_reverse_kl"] == r["eval/span_reverse_kl"] for r in evals)
+  steps = [r for r in rows if "loss" in r]
+  assert steps and all(0 < r["cross_tokenizer/token_share"] <= 1 for r in steps)
 
 
 def test_prepare_errors_before_writing_anything(tmp_path):
