@@ -76,6 +76,9 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.cross_tokenizer.enabled = False
   c.cross_tokenizer.teacher_format = "chat"  # "chat" (its chat template) | "plain" | a template with {prompt}
   c.cross_tokenizer.teacher_end = ""  # teacher token the student's EOS is scored against; "" = its tokenizer's EOS
+  # Text between the teacher's prompt and the response, tokenized with the response (e.g. " " after a few-shot
+  # "A:", so the teacher reads "A: chat" as its examples spell it); tokens of prefix only are context, not scored.
+  c.cross_tokenizer.teacher_response_prefix = ""
   c.cross_tokenizer.max_teacher_prompt_tokens = 0  # the teacher's prompt length; 0 = 2 x data.max_prompt_tokens
   c.cross_tokenizer.max_teacher_response_tokens = 0  # its response length; 0 = 2 x rollout.max_new_tokens; spans
   # past it are not scored (counted: cross_tokenizer/spans_truncated)

@@ -57,6 +57,7 @@ def get_config(arg=None):
   c.cross_tokenizer.enabled = True
   c.cross_tokenizer.teacher_format = TEACHER_FORMAT
   c.cross_tokenizer.teacher_end = "\n\n"
+  c.cross_tokenizer.teacher_response_prefix = " "  # "A: chien": the answer follows a space, as in the examples
   c.cross_tokenizer.max_teacher_prompt_tokens = 64  # the two-shot prompts are 44-47 Gemma tokens
   c.cross_tokenizer.max_teacher_response_tokens = 64  # Gemma spells English text in fewer tokens than 2x SmolLM2's
 

@@ -106,6 +106,19 @@ def test_special_tokens_inside_a_response_end_its_scoring(tokenizers):
   assert stats["tokens_special"] == 2 and stats["tokens_scored"] == 2
 
 
+def test_a_response_prefix_is_teacher_context_not_a_span(tokenizers):
+  """With response_prefix " " the teacher reads " 12+345": its space token is context (no span); the spans are
+  those without it."""
+  plain, _ = _row(_view(tokenizers["char"], tokenizers["number"]), "12+345")
+  arrays, stats = _row(_view(tokenizers["char"], tokenizers["number"], response_prefix=" "), "12+345")
+  number = tokenizers["number"]
+  assert number.convert_ids_to_tokens(arrays["teacher_response_BxRt"][0, :2].tolist()) == [" ", "12"]
+  assert arrays["teacher_span_BxRt"][0, :6].tolist() == [UNSCORED, 0, 1, 2, 3, 4]
+  np.testing.assert_array_equal(arrays["student_span_BxR"], plain["student_span_BxR"])
+  assert arrays["teacher_first_BxR"][0, :7].tolist() == [1, UNSCORED, 2, 3, UNSCORED, 4, 5]
+  assert stats["spans_scored"] == 5
+
+
 def test_truncated_teacher_response_and_formats(tokenizers):
   view = _view(tokenizers["char"], tokenizers["number"], max_response=2)
   arrays, stats = _row(view, "12+345")

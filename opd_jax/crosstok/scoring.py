@@ -139,6 +139,7 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
   prompt_tokens, response_tokens = cross.lengths(max_prompt_tokens, max_new_tokens)
   view = CrossTokenizerView(student_tokenizer, load_tokenizer(teacher_dir), cross.teacher_format,
                             [p.prompt for p in problems], eos_ids, teacher_end=cross.teacher_end,
+                            response_prefix=cross.teacher_response_prefix,
                             max_prompt=prompt_tokens, max_response=response_tokens)
   view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
   scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective)

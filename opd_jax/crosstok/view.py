@@ -3,7 +3,8 @@
 Legend: B rows, R student response length, Pt / Rt the teacher's prompt / response length (static).
 
 For each row the student's response tokens are decoded to text; the teacher reads its own rendering of the row's
-prompt (opd_jax.crosstok.formats) followed by that text re-tokenized by its own tokenizer, and the two
+prompt (opd_jax.crosstok.formats) followed by `response_prefix` and that text, tokenized together by its own
+tokenizer (a teacher token of prefix only is context, in no span), and the two
 tokenizations are aligned into spans (opd_jax.crosstok.align). What is never scored, and counted instead:
   - a span holding a teacher token that is the teacher's unknown token, or no teacher token (`spans_unscorable`);
   - everything from a student special token inside the response on (chat-format tokens are not text the teacher
@@ -43,8 +44,9 @@ class CrossTokenizerView:
   index (its `index_B`), rendered once here; eos_ids: the student's EOS ids."""
 
   def __init__(self, student_tokenizer, teacher_tokenizer, teacher_format: str, prompts: list[str],
-               eos_ids: tuple[int, ...], *, teacher_end: str = "", max_prompt: int, max_response: int):
-    self.student, self.teacher = student_tokenizer, teacher_tokenizer
+               eos_ids: tuple[int, ...], *, teacher_end: str = "", response_prefix: str = "", max_prompt: int,
+               max_response: int):
+    self.student, self.teacher, self.prefix = student_tokenizer, teacher_tokenizer, response_prefix
     self.format = TeacherFormat(teacher_format, teacher_tokenizer)
     self.eos_ids, self.max_prompt, self.max_response = set(eos_ids), max_prompt, max_response
     self.specials = special_ids(student_tokenizer) - self.eos_ids
@@ -112,16 +114,23 @@ class CrossTokenizerView:
       stats["tokens_special"] += len(ids) - cut
       body, ended = body[:cut], False
     text = self._s_decode(body)
-    t_ids = list(self.teacher.encode(text, add_special_tokens=False))
-    if self._t_decode(t_ids) != text:
+    # The teacher reads response_prefix + text (e.g. the space its examples put after "A:"), tokenized together so
+    # the prefix joins the first word as the teacher's own tokenization does; a teacher token of prefix only is
+    # context, in no span.
+    t_text, shift = self.prefix + text, len(self.prefix)
+    t_ids = list(self.teacher.encode(t_text, add_special_tokens=False))
+    if self._t_decode(t_ids) != t_text:
       stats["rows_not_round_tripped"] += 1
       return
+    t_end = [None if e is None else e - shift for e in token_ends(self._t_decode, t_ids, t_text)]
+    context = [e is not None and e <= 0 for e in t_end]
     if text:
-      alignment = align(token_ends(self._s_decode, body, text), token_ends(self._t_decode, t_ids, text),
+      alignment = align(token_ends(self._s_decode, body, text), [None if c else e for c, e in zip(context, t_end)],
                         [t != self.unk for t in t_ids], len(text))
-      s_span, t_span, valid = list(alignment.student_span), list(alignment.teacher_span), list(alignment.valid)
+      s_span, valid = list(alignment.student_span), list(alignment.valid)
+      t_span = [UNSCORED if c else s for c, s in zip(context, alignment.teacher_span)]
     else:  # nothing but the EOS (or tokens that spell nothing): no span of text
-      s_span, t_span, valid = [UNSCORED] * len(body), [], []
+      s_span, t_span, valid = [UNSCORED] * len(body), [UNSCORED] * len(t_ids), []
     if ended and self.end_id is not None:  # the student's EOS against the teacher's end token: a span of its own
       s_span.append(len(valid))
       t_span.append(len(valid))

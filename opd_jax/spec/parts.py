@@ -227,6 +227,7 @@ class CrossTokenizerSpec:
   enabled: bool = False
   teacher_format: str = "chat"  # "chat" | "plain" | a template with {prompt} (opd_jax/crosstok/formats.py)
   teacher_end: str = ""  # the teacher token the student's EOS is scored against; "" = its tokenizer's EOS
+  teacher_response_prefix: str = ""  # text the teacher reads between its prompt and the student's response
   max_teacher_prompt_tokens: int = 0  # Pt; 0 = 2 x data.max_prompt_tokens
   max_teacher_response_tokens: int = 0  # Rt; 0 = 2 x rollout.max_new_tokens
 
@@ -235,7 +236,7 @@ class CrossTokenizerSpec:
     spec = cls(**_values(cls, section or {}, "cross_tokenizer"))
     if not isinstance(spec.enabled, bool):
       raise InputError(f"cross_tokenizer.enabled must be True or False, got {spec.enabled!r}")
-    for field in ("teacher_format", "teacher_end"):
+    for field in ("teacher_format", "teacher_end", "teacher_response_prefix"):
       if not isinstance(getattr(spec, field), str):
         raise InputError(f"cross_tokenizer.{field} must be a string, got {getattr(spec, field)!r}")
     if spec.enabled:
