@@ -95,6 +95,18 @@ def test_a_paged_run_plans_the_engines_programs_and_its_kv_capacity(tiny_dir):
   assert all(by[kv]["sequences"] == pages(kv) for kv in by)
 
 
+def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir):
+  """cross_tokenizer.enabled: the teacher scores its own prompt and response (twice the student's by default),
+  with its hidden states at span starts for the marginal objective; the held-out KL is the span estimate."""
+  result = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
+                                  objective__name="reverse_kl"))
+  assert {"teacher_score", "eval_span_kl", "train_step"} <= set(result.programs)
+  assert "eval_reverse_kl" not in result.programs
+  same = mp.plan_memory(plan_of(tiny_dir, objective__name="reverse_kl"))
+  # 2 x (8 + 32) teacher tokens against 8 + 32
+  assert result.programs["teacher_score"].argument_bytes > same.programs["teacher_score"].argument_bytes
+
+
 def test_bigger_batch_bigger_train_step_peak(tiny_dir):
   peaks = []
   for batch in (8, 16):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from opd_jax.crosstok.scoring import span_score_program
 from opd_jax.errors import InputError
 from opd_jax.models.config import ModelConfig
 from opd_jax.models.decoder import Decoder
@@ -97,6 +98,27 @@ def _paged_programs(engine, sampler_params, sharding) -> dict[str, Program]:
   return programs_by_name
 
 
+def _cross_programs(plan: PlanSpec, t_graphdef, t_params, objective, settings, rows, B: int, E: int
+                    ) -> dict[str, Program]:
+  """A cross-tokenizer run's teacher programs (opd_jax.crosstok.scoring) at the teacher's own lengths, in place of
+  the same-tokenizer ones: span scoring (with what the objective reads at span starts), and the held-out span
+  KL's teacher half on E rows (its student half scores the student's own tokens: less than the train step)."""
+  Pt, Rt = plan.run.cross.lengths(plan.prompt_tokens, plan.response_tokens)
+  R = plan.response_tokens
+
+  def args(rows_count: int) -> tuple:
+    shapes = (((Pt,), jnp.int32), ((Pt,), jnp.bool_), ((Rt,), jnp.int32), ((Rt,), jnp.float32), ((Rt,), jnp.int32),
+              ((R,), jnp.int32), ((R,), jnp.int32))
+    return (t_params, *(_abstract((rows_count, *shape), dtype, rows) for shape, dtype in shapes))
+
+  score = span_score_program(t_graphdef, settings.rollout.temperature, settings.logits_chunk,
+                             hidden=objective.needs_teacher_hidden,
+                             top_k=objective.top_k if objective.needs_teacher_topk else 0)
+  eval_kl = span_score_program(t_graphdef, 1.0, settings.logits_chunk)
+  return {"teacher_score": Program(score, args(B), ("teacher_params",)),
+          "eval_span_kl": Program(eval_kl, args(E), ("teacher_params",))}
+
+
 def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   """Every jitted program of a run with abstract sharded arguments, plus the abstract resident state.
 
@@ -125,7 +147,8 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   batch = RolloutBatch.abstract(
       rows, batch=B, prompt=P, response=plan.response_tokens,
       teacher_hidden=(plan.teacher.hidden_size, jnp.dtype(t_options["dtype"])) if objective.needs_teacher_hidden
-      else None, teacher_k=objective.top_k if objective.needs_teacher_topk else 0, sampler_k=K, snapshot=split)
+      else None, teacher_k=objective.top_k if objective.needs_teacher_topk else 0, sampler_k=K, snapshot=split,
+      span=plan.run.cross.enabled)
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
@@ -154,6 +177,9 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   }
   if plan.served_teacher:  # scored over HTTP by another process: no teacher program here
     del programs_by_name["teacher_score"]
+  if plan.run.cross.enabled:  # a teacher of another tokenizer scores its own prompt and response lengths
+    del programs_by_name["eval_reverse_kl"]  # one vocabulary only; the held-out span KL instead
+    programs_by_name.update(_cross_programs(plan, t_graphdef, t_params, objective, settings, rows, B, E))
   if "_sampled" in run.eval_samplers:  # train.eval_sampled: a second, temperature-1 evaluation program
     programs_by_name["eval_sampler_sampled"] = dataclasses.replace(
         programs_by_name["eval_sampler"], fn=run.eval_samplers["_sampled"]._fn)

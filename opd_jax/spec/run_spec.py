@@ -88,7 +88,8 @@ class RunSpec:
     cross = CrossTokenizerSpec.from_section(config.get("cross_tokenizer"))
     teachers = Teachers.from_config(config)
     if cross.enabled:
-      _check_cross(cross, objective, teachers, train, pair, teacher, data.max_prompt_tokens, rollout.max_new_tokens)
+      _check_cross(cross, objective, teachers, train, pair, teacher, data.max_prompt_tokens, rollout.max_new_tokens,
+                   check_files=models is None)
       vocab = PairVocab(student.vocab_size, teacher.vocab_size, student.vocab_size, None, False, cross_tokenizer=True)
     elif models is None:
       vocab = check_pair(pair.teacher, pair.student, teacher, student, tokenizer_dir=pair.tokenizer or None)
@@ -103,9 +104,10 @@ class RunSpec:
 
 
 def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers: Teachers, train: TrainSpec,
-                 pair: PairSpec, teacher, max_prompt_tokens: int, max_new_tokens: int) -> None:
+                 pair: PairSpec, teacher, max_prompt_tokens: int, max_new_tokens: int, check_files: bool = True) -> None:
   """What a cross-tokenizer run supports today: CROSS_OBJECTIVES, one teacher in this process, both
-  models with their own tokenizer files, and the teacher's static lengths within its context."""
+  models with their own tokenizer files (not looked for when planning from shapes), and the teacher's static
+  lengths within its context."""
   if objective.name not in CROSS_OBJECTIVES:
     raise InputError(f"cross_tokenizer.enabled=True trains {', '.join(CROSS_OBJECTIVES)} (the span form, the "
                      f"next-character marginals, the ULD baseline); objective.name={objective.name!r} compares "
@@ -119,7 +121,7 @@ def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers
   if pair.tokenizer:
     raise InputError("config.tokenizer names one data tokenizer for both models; with cross_tokenizer.enabled=True "
                      "each model uses its own checkpoint's tokenizer: leave config.tokenizer ''")
-  for role, path in (("teacher", pair.teacher), ("student", pair.student)):
+  for role, path in (("teacher", pair.teacher), ("student", pair.student)) if check_files else ():
     if not has_tokenizer(path):
       raise InputError(f"cross_tokenizer.enabled=True needs the {role}'s tokenizer, but {path!r} has no tokenizer "
                        "files; copy them there")

@@ -72,10 +72,11 @@ class RolloutBatch:
 
   @classmethod
   def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
-               teacher_k: int, sampler_k: int, snapshot: bool) -> "RolloutBatch":
+               teacher_k: int, sampler_k: int, snapshot: bool, span: bool = False) -> "RolloutBatch":
     """The batch's shapes and dtypes (jax.ShapeDtypeStruct, rows sharded by `rows`), for compiling a step before
     any rollout exists (the memory planner). teacher_hidden: (D, dtype) for exact vocabulary objectives;
-    teacher_k / sampler_k: top-k widths (0 = absent); snapshot: the mismatch split's snapshot log-probs."""
+    teacher_k / sampler_k: top-k widths (0 = absent); snapshot: the mismatch split's snapshot log-probs; span: a
+    cross-tokenizer teacher's spans."""
     def a(shape, dtype):
       return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rows)
     B, P, R = batch, prompt, response
@@ -88,7 +89,8 @@ class RolloutBatch:
         teacher_top_ids_BxRxK=a((B, R, teacher_k), jnp.int32) if teacher_k else None,
         sampler_top_logprobs_BxRxK=a((B, R, sampler_k), jnp.float32) if sampler_k else None,
         sampler_top_ids_BxRxK=a((B, R, sampler_k), jnp.int32) if sampler_k else None,
-        snapshot_logp_BxR=a((B, R), jnp.float32) if snapshot else None)
+        snapshot_logp_BxR=a((B, R), jnp.float32) if snapshot else None,
+        span_BxR=a((B, R), jnp.int32) if span else None)
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
