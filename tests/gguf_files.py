@@ -42,6 +42,37 @@ def permute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
   return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+def _writer(path: str, arch: str, s: dict, rope_base: float):
+  """(GGUFWriter with the shape metadata of `s` written, put(name, array, kind): adds a tensor, quantized unless
+  kind is F32)."""
+  import gguf
+  w = gguf.GGUFWriter(path, arch)
+  w.add_block_count(s["layers"])
+  w.add_context_length(256)
+  w.add_embedding_length(s["hidden"])
+  w.add_feed_forward_length(s["ffn"])
+  w.add_head_count(s["heads"])
+  w.add_head_count_kv(s["kv_heads"])
+  w.add_rope_freq_base(rope_base)
+  w.add_layer_norm_rms_eps(1e-6)
+
+  def put(name, array, kind):
+    array = array.astype(np.float32)
+    if kind == gguf.GGMLQuantizationType.F32:
+      w.add_tensor(name, array)
+    else:
+      w.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+
+  return w, put
+
+
+def _close(w) -> None:
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
 def write_gguf(path: str, arch: str = "llama", seed: int = 0, pre: str = "smollm", tie: bool = True,
                vocab_tokens=None) -> None:
   """A random model of `arch` (llama | qwen2 | qwen3, or any name for error tests) at SHAPE."""
@@ -50,15 +81,7 @@ def write_gguf(path: str, arch: str = "llama", seed: int = 0, pre: str = "smollm
   s = SHAPE
   vocab, types = vocab_tokens or tokens()
   rng = np.random.default_rng(seed)
-  w = gguf.GGUFWriter(path, arch)
-  w.add_block_count(s["layers"])
-  w.add_context_length(256)
-  w.add_embedding_length(s["hidden"])
-  w.add_feed_forward_length(s["ffn"])
-  w.add_head_count(s["heads"])
-  w.add_head_count_kv(s["kv_heads"])
-  w.add_rope_freq_base(10000.0)
-  w.add_layer_norm_rms_eps(1e-6)
+  w, put = _writer(path, arch, s, 10000.0)
   w.add_rope_dimension_count(s["head_dim"])
   if arch == "qwen3":
     w.add_key_length(s["head_dim"])
@@ -73,13 +96,6 @@ def write_gguf(path: str, arch: str = "llama", seed: int = 0, pre: str = "smollm
   w.add_pad_token_id(2)
   w.add_add_bos_token(False)
   w.add_chat_template(CHAT_TEMPLATE)
-
-  def put(name, array, kind):
-    array = array.astype(np.float32)
-    if kind == F32:
-      w.add_tensor(name, array)
-    else:
-      w.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
 
   d, h, q, kv = s["hidden"], s["head_dim"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
   put("token_embd.weight", rng.normal(0, 0.5, (len(vocab), d)), Q8)
@@ -105,10 +121,7 @@ def write_gguf(path: str, arch: str = "llama", seed: int = 0, pre: str = "smollm
     if arch == "qwen3":
       put(f"blk.{i}.attn_q_norm.weight", 1 + rng.normal(0, 0.1, h), F32)
       put(f"blk.{i}.attn_k_norm.weight", 1 + rng.normal(0, 0.1, h), F32)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  _close(w)
 
 
 GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
@@ -134,17 +147,9 @@ def write_gemma3_gguf(path: str, seed: int = 0) -> None:
   s = GEMMA_SHAPE
   vocab, types, scores = gemma_tokens()
   rng = np.random.default_rng(seed)
-  w = gguf.GGUFWriter(path, "gemma3")
-  w.add_block_count(s["layers"])
-  w.add_context_length(256)
-  w.add_embedding_length(s["hidden"])
-  w.add_feed_forward_length(s["ffn"])
-  w.add_head_count(s["heads"])
-  w.add_head_count_kv(s["kv_heads"])
+  w, put = _writer(path, "gemma3", s, 1000000.0)
   w.add_key_length(s["head_dim"])
   w.add_value_length(s["head_dim"])
-  w.add_rope_freq_base(1000000.0)
-  w.add_layer_norm_rms_eps(1e-6)
   w.add_sliding_window(s["window"])
   w.add_tokenizer_model("llama")
   w.add_tokenizer_pre("default")
@@ -157,13 +162,6 @@ def write_gemma3_gguf(path: str, seed: int = 0) -> None:
   w.add_pad_token_id(0)
   w.add_add_bos_token(True)
   w.add_add_space_prefix(False)
-
-  def put(name, array, kind):
-    array = array.astype(np.float32)
-    if kind == F32:
-      w.add_tensor(name, array)
-    else:
-      w.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
 
   d, h, q, kv = s["hidden"], s["head_dim"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
   norm = lambda n: 1 + rng.normal(0, 0.1, n)  # llama.cpp writes Gemma's norm weights + 1
@@ -181,7 +179,4 @@ def write_gemma3_gguf(path: str, seed: int = 0) -> None:
       put(f"blk.{i}.{name}.weight", norm(d), F32)
     put(f"blk.{i}.attn_q_norm.weight", norm(h), F32)
     put(f"blk.{i}.attn_k_norm.weight", norm(h), F32)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  _close(w)
