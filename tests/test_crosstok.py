@@ -268,10 +268,31 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
   assert evals and np.isfinite(evals[-1]["eval/span_reverse_kl"]) and "eval/reverse_kl" not in evals[-1]
 
 
+def test_a_served_teacher_of_another_tokenizer_scores_as_in_process(tiny_pair, number_teacher, tmp_path):
+  """The span form over the wire: the served teacher scores its own tokens (the view's), spans are summed here;
+  every logged value equals the in-process run's to 1e-4 and the preflight compares the two on the teacher's
+  tokens."""
+  from tests import servers
+  steps = {"train.steps": 2, "train.eval_every": 2, "objective.name": "reverse_kl_pg"}
+  train(_config(tiny_pair, number_teacher, **steps), str(tmp_path / "local"))
+  with servers.teacher(f"--checkpoint={number_teacher}") as (_, url):
+    train(_config(tiny_pair, number_teacher, teacher_endpoint=url, **steps), str(tmp_path / "served"))
+  rows = lambda name: [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+  local, served = rows("local"), rows("served")
+  assert [r["step"] for r in local] == [r["step"] for r in served]
+  for want, got in zip(local, served):
+    for key, value in want.items():
+      if not key.startswith(("time/", "perf/", "eval/seconds")) and isinstance(value, float):
+        assert got[key] == pytest.approx(value, abs=1e-4), (want["step"], key)
+  first = next(r for r in served if "loss" in r)
+  assert first["teacher/preflight_k3"] < 1e-8 and first["cross_tokenizer/span_share"] > 0
+
+
 @pytest.mark.parametrize("override,message", [
     ({"objective.name": "forward_kl"}, "the span form, the next-character marginals"),
     ({"train.eval_teacher_forced": True}, "eval_teacher_forced"),
     ({"cross_tokenizer.max_teacher_response_tokens": -1}, "max_teacher_response_tokens"),
+    ({"teacher_endpoint": "http://127.0.0.1:9/v1", "objective.name": "uld"}, "use reverse_kl_pg with"),
 ])
 def test_cross_tokenizer_config_mistakes(tiny_pair, number_teacher, override, message):
   with pytest.raises(InputError, match=message):

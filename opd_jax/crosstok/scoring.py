@@ -13,6 +13,8 @@ log pi_T(s) - log pi_S(s), the exact log-ratio of the same characters under the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 from flax import nnx
@@ -53,6 +55,15 @@ def _at_student_starts(x_BxRtx: jax.Array, teacher_first_BxR: jax.Array) -> jax.
   return jax.numpy.where(keep, picked, jax.numpy.zeros_like(picked))
 
 
+@dataclasses.dataclass
+class TeacherTokens:
+  """A batch in the teacher's tokens, with the field names the served teacher's preflight reads."""
+  prompt_BxP: np.ndarray
+  prompt_valid_BxP: np.ndarray
+  response_BxR: np.ndarray
+  mask_BxR: np.ndarray
+
+
 def _teacher_inputs(arrays: dict) -> tuple:
   """span_score_program's inputs after the teacher's state, from a CrossTokenizerView.build's arrays."""
   return tuple(arrays[k] for k in ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt", "teacher_response_BxRt",
@@ -64,8 +75,12 @@ class CrossTokenizerScorer:
   alignment counts (opd_jax.crosstok.view.STATS), logged as cross_tokenizer/*."""
 
   def __init__(self, view: CrossTokenizerView, teacher_graphdef, temperature: float, logits_chunk: int, put_batch,
-               objective: ObjectiveConfig = ObjectiveConfig()):
-    self.view, self.put_batch = view, put_batch
+               objective: ObjectiveConfig = ObjectiveConfig(), served=None):
+    """served: the client of the same teacher served elsewhere (opd_jax.serving.client): it scores the teacher's own
+    tokens over the wire (the span form only: log-probs of the sampled text), spans are summed here."""
+    self.view, self.put_batch, self.served = view, put_batch, served
+    self._span_sums = jax.jit(span_total)
+    self.last_arrays: dict = {}  # the latest batch's teacher-side arrays, on the host (the served preflight's)
     self._program = span_score_program(
         teacher_graphdef, temperature, logits_chunk, hidden=objective.needs_teacher_hidden,
         top_k=objective.top_k if objective.needs_teacher_topk else 0, top_k_temperature=objective.temperature)
@@ -77,8 +92,20 @@ class CrossTokenizerScorer:
     batch layout."""
     host = lambda x: np.asarray(jax.device_get(x))
     arrays, self.last_stats = self.view.build(np.asarray(index_B), host(tokens_BxR), host(mask_BxR))
+    self.last_arrays = arrays
     put = {k: self.put_batch(v) for k, v in arrays.items()}
+    if self.served is not None:  # the teacher's own tokens over the wire, their span totals here
+      logp_BxRt = self.served.score(*_teacher_inputs(arrays)[:4])[0]
+      span_logp_BxR = self._span_sums(self.put_batch(logp_BxRt), put["teacher_span_BxRt"], put["student_span_BxR"])
+      return Scores(span_logp_BxR), put["student_span_BxR"]
     return self._program(teacher_state, *_teacher_inputs(put)), put["student_span_BxR"]
+
+  def teacher_batch(self) -> "TeacherTokens":
+    """The latest batch as the teacher read it (prompt, valid, response, mask on the host): what a served teacher's
+    preflight compares with the checkpoint's own scoring."""
+    a = self.last_arrays
+    return TeacherTokens(a["teacher_prompt_BxPt"], a["teacher_prompt_valid_BxPt"], a["teacher_response_BxRt"],
+                         a["teacher_mask_BxRt"])
 
   def metrics(self) -> dict:
     """The latest batch's alignment as metrics: shares of spans and student tokens scored, student and teacher
@@ -130,10 +157,10 @@ class SpanKL:
 def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids: tuple[int, ...],
           max_prompt_tokens: int, max_new_tokens: int, use_chat_template: bool, student_graphdef, teacher_graphdef,
           temperature: float, logits_chunk: int, put_batch, objective: ObjectiveConfig, student_vocab_size: int,
-          teacher_vocab_size: int) -> tuple[CrossTokenizerScorer, SpanKL]:
+          teacher_vocab_size: int, served=None) -> tuple[CrossTokenizerScorer, SpanKL]:
   """The run's scorer (with the common events the exact vocabulary objectives need, as `.projection`) and
   held-out span KL for a CrossTokenizerSpec `cross` (enabled). problems: the training problems (batch indices
-  refer to them) followed by the held-out ones."""
+  refer to them) followed by the held-out ones. served: a served teacher's client (the span form over the wire)."""
   from opd_jax.data.batching import encode_prompts
   from opd_jax.models import load_tokenizer
   prompt_tokens, response_tokens = cross.lengths(max_prompt_tokens, max_new_tokens)
@@ -142,7 +169,7 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
                             response_prefix=cross.teacher_response_prefix,
                             max_prompt=prompt_tokens, max_response=response_tokens)
   view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
-  scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective)
+  scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective, served)
   if objective.needs_teacher_hidden:
     scorer.projection = character_events(student_tokenizer, view.teacher, student_vocab_size,
                                          teacher_vocab_size, eos_ids, view.end_id)

@@ -112,9 +112,12 @@ def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers
     raise InputError(f"cross_tokenizer.enabled=True trains {', '.join(CROSS_OBJECTIVES)} (the span form, the "
                      f"next-character marginals, the ULD baseline); objective.name={objective.name!r} compares "
                      "distributions over one vocabulary")
-  if teachers.multi or teachers.endpoints:
-    raise InputError("cross_tokenizer.enabled=True scores with one teacher in this process for now; leave "
-                     "config.teachers empty and config.teacher_endpoint ''")
+  if teachers.multi:
+    raise InputError("cross_tokenizer.enabled=True scores with one teacher for now; leave config.teachers empty")
+  if teachers.endpoints and objective.name != "reverse_kl_pg":
+    raise InputError(f"a served teacher of another tokenizer sends the log-probs of its own tokens, which is what "
+                     f"the span form needs; objective.name={objective.name!r} needs its hidden states or top-k at "
+                     "span starts: use reverse_kl_pg with config.teacher_endpoint")
   if train.eval_teacher_forced:
     raise InputError("train.eval_teacher_forced scores the teacher's greedy responses with the student's tokenizer; "
                      "set it to False with cross_tokenizer.enabled=True")

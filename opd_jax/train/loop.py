@@ -144,6 +144,8 @@ def _preflight(run: Run, versions: WeightVersions) -> dict:
   first_state = run.prompts.get_state()
   first = run.producer.produce(0, 0, versions.snapshot_of(run.state.params, 0), next(run.prompts))
   run.prompts.set_state(first_state)
+  if run.producer.cross is not None:  # a teacher of another tokenizer: the first batch in its own tokens
+    first = run.producer.cross.teacher_batch()
   row = {}
   for teacher in served:
     row.update(served_lib.preflight(run.spec.served, teacher.served, teacher.score, teacher.state, first,

@@ -74,8 +74,10 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
   spec.rollout.validate_for(params)
   tokenizer = load_tokenizer(spec.pair.tokenizer_dir)
   vocab_size = student.config.vocab_size
-  main_served = served_lib.connect(spec.served, spec.teachers.specs[0].endpoint, spec.objective, vocab_size,
-                                   tokenizer)  # None: scored in this process
+  # None: scored in this process. A teacher of another tokenizer is served with its own vocabulary and tokenizer.
+  main_served = served_lib.connect(spec.served, spec.teachers.specs[0].endpoint, spec.objective,
+                                   teacher.config.vocab_size if spec.cross.enabled else vocab_size,
+                                   load_tokenizer(spec.pair.teacher) if spec.cross.enabled else tokenizer)
   if main_served is not None:
     stack.callback(main_served.close)
   eos_ids = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)
@@ -107,7 +109,8 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
         eos_ids=eos_ids, max_prompt_tokens=d.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
         use_chat_template=d.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
         temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch,
-        objective=spec.objective, student_vocab_size=vocab_size, teacher_vocab_size=teacher.config.vocab_size)
+        objective=spec.objective, student_vocab_size=vocab_size, teacher_vocab_size=teacher.config.vocab_size,
+        served=main_served)
     settings = dataclasses.replace(settings, projection=cross.projection)
   built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
                          teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
