@@ -65,10 +65,13 @@ def make_tiny_pair(root: str, family: str = "qwen3") -> dict[str, str]:
   from opd_jax.data.char_tokenizer import build_char_tokenizer
   from opd_jax.models import Decoder, ModelConfig, save_pretrained
   paths = {}
+  # gemma3_text: a sliding layer (window 4) and a full one, Gemma's activation
+  gemma = dict(layer_types=("sliding_attention", "full_attention"), sliding_window=4, hidden_act="gelu_tanh",
+               tie_word_embeddings=True) if family == "gemma3_text" else {}
   for role, width, seed in (("teacher", 64, 1), ("student", 32, 2)):
     config = ModelConfig(model_type=family, vocab_size=32, hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         tie_word_embeddings=role == "student", eos_token_id=(1,), pad_token_id=0)
+                         **{"tie_word_embeddings": role == "student", **gemma}, eos_token_id=(1,), pad_token_id=0)
     paths[role] = os.path.join(root, role)
     save_pretrained(Decoder(config, rngs=nnx.Rngs(seed)), paths[role])
     build_char_tokenizer(paths[role])

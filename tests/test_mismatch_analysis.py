@@ -50,6 +50,23 @@ def test_sensitivity_scan_is_the_same_for_either_layer_storage(tiny_pair, fp8_sc
       assert row[key] == pytest.approx(per_layer[row["name"]][key], abs=1e-6), (row["name"], key)
 
 
+def test_weight_recipes_and_the_sensitivity_scan_on_gemma3(tmp_path):
+  """Gemma 3 (sliding and full layers, scaled embedding, four norms a block): the fp8 scan ranks every layer and
+  projection group; a recipe keeping every layer in bf16 leaves less mismatch than fp8 throughout."""
+  from tests import checkpoints
+  pair = checkpoints.make_tiny_pair(str(tmp_path), "gemma3_text")
+  config = common.base_config("tiny")
+  config.teacher, config.student = pair["teacher"], pair["student"]
+  config.rollout.max_new_tokens = 12
+  calibration = Calibration.from_spec(screening_spec(config), num_prompts=16)
+  rows = scan(calibration, "fp8", RolloutConfig(max_new_tokens=12))
+  assert {"layer 0", "layer 1", "q_proj", "down_proj", "embed"} <= {r["name"] for r in rows}
+  assert all(r["k3"] >= 0 for r in rows) and rows[0]["k3"] > 0
+  fitted = fit_recipe(calibration, "fp8", RolloutConfig(max_new_tokens=12), rows, target_k3=0.0)
+  everything = fit_recipe(calibration, "fp8", RolloutConfig(max_new_tokens=12), rows, target_k3=float("inf"))
+  assert len(fitted["kept_bf16"]) == 2 and fitted["k3"] < everything["k3"]
+
+
 @pytest.mark.slow
 def test_fit_recipe_keeps_layers_until_target(cal, fp8_scan):
   rollout = RolloutConfig(max_new_tokens=12)

@@ -49,6 +49,19 @@ def test_each_precision_knob_is_small_and_nonzero(tiny_checkpoints, knob):
   assert 1e-6 < error < 0.5, (knob, error)  # e5m2 (2 mantissa bits) is the coarsest, ~0.2 here
 
 
+def test_precision_knobs_on_gemma3(tiny_checkpoints):
+  """Gemma 3's sampler (sliding-window cache, scaled embedding, quantized too) under weight and KV recipes: small,
+  nonzero, and int4 weights coarser than int8."""
+  path = tiny_checkpoints["gemma3_text"]
+  errors = {knob: _mismatch(path, RolloutConfig(max_new_tokens=12, **{field: dtype}))
+            for knob, (field, dtype) in {"w8": ("weights", "int8"), "w4": ("weights", "int4"),
+                                         "fp8": ("weights", "fp8"), "kv8": ("kv_cache", "fp8")}.items()}
+  assert all(1e-6 < e < 0.5 for e in errors.values()), errors
+  assert errors["w4"] > errors["w8"], errors
+  embedding = _mismatch(path, RolloutConfig(max_new_tokens=12, weights="int8", quantize_embedding=True))
+  assert 1e-6 < embedding < 0.5
+
+
 @pytest.mark.slow
 def test_int4_is_coarser_than_int8_for_weights_and_kv_and_int3_coarser_still(tiny_checkpoints):
   path = tiny_checkpoints["qwen2"]
