@@ -288,11 +288,31 @@ def test_a_served_teacher_of_another_tokenizer_scores_as_in_process(tiny_pair, n
   assert first["teacher/preflight_k3"] < 1e-8 and first["cross_tokenizer/span_share"] > 0
 
 
+def test_several_teachers_each_with_its_own_tokenizer(tiny_pair, number_teacher, tmp_path):
+  """config.teachers across tokenizers: prompts with a minus sign go to a teacher on the student's own tokenizer
+  (its spans are single tokens), the rest to the digit-pair teacher; each row is scored by its own teacher in
+  its own format, and each held-out prompt's span KL is measured against its own teacher."""
+  config = _config(tiny_pair, number_teacher, **{"train.steps": 2, "train.eval_every": 2,
+                                                 "objective.name": "reverse_kl_pg"})
+  config.routing.teacher_name = "pairs"
+  config.teachers.chars = {"checkpoint": tiny_pair["teacher"], "format": "plain"}
+  config.routing.rules = ((r"-", "chars"),)
+  train(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  steps = [r for r in rows if "loss" in r]
+  assert all(np.isfinite(r["loss"]) for r in steps) and all(r["cross_tokenizer/token_share"] > 0 for r in steps)
+  assert all(r["teachers/pairs/tokens"] > 0 and r["teachers/chars/tokens"] > 0 for r in steps)
+  last = rows[-1]
+  assert np.isfinite(last["eval/teachers/pairs/span_reverse_kl"]) and np.isfinite(
+      last["eval/teachers/chars/span_reverse_kl"])
+
+
 @pytest.mark.parametrize("override,message", [
     ({"objective.name": "forward_kl"}, "the span form, the next-character marginals"),
     ({"train.eval_teacher_forced": True}, "eval_teacher_forced"),
     ({"cross_tokenizer.max_teacher_response_tokens": -1}, "max_teacher_response_tokens"),
     ({"teacher_endpoint": "http://127.0.0.1:9/v1", "objective.name": "uld"}, "use reverse_kl_pg with"),
+    ({"teachers": {"other": {"checkpoint": "/nonexistent", "format": "{nothing}"}}}, "does not render"),
 ])
 def test_cross_tokenizer_config_mistakes(tiny_pair, number_teacher, override, message):
   with pytest.raises(InputError, match=message):

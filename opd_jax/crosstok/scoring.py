@@ -108,18 +108,22 @@ class CrossTokenizerScorer:
                          a["teacher_mask_BxRt"])
 
   def metrics(self) -> dict:
-    """The latest batch's alignment as metrics: shares of spans and student tokens scored, student and teacher
-    tokens per scored span, and the counts of what was not scored."""
-    s = self.last_stats
-    if not s:
-      return {}
-    per = lambda a, b: float(a) / max(float(b), 1.0)
-    out = {"cross_tokenizer/span_share": per(s["spans_scored"], s["spans"]),
-           "cross_tokenizer/token_share": per(s["tokens_scored"], s["tokens"]),
-           "cross_tokenizer/student_tokens_per_span": per(s["tokens_scored"], s["spans_scored"]),
-           "cross_tokenizer/teacher_tokens_per_span": per(s["teacher_tokens_scored"], s["spans_scored"])}
-    out.update({f"cross_tokenizer/{k}": float(s[k]) for k in STATS if k not in ("spans", "tokens")})
-    return out
+    """The latest batch's alignment as metrics (`alignment_metrics`)."""
+    return alignment_metrics(self.last_stats)
+
+
+def alignment_metrics(s: dict) -> dict:
+  """Alignment counts (opd_jax.crosstok.view.STATS) as metrics: shares of spans and student tokens scored, student
+  and teacher tokens per scored span, and the counts of what was not scored; {} without counts."""
+  if not s:
+    return {}
+  per = lambda a, b: float(a) / max(float(b), 1.0)
+  out = {"cross_tokenizer/span_share": per(s["spans_scored"], s["spans"]),
+         "cross_tokenizer/token_share": per(s["tokens_scored"], s["tokens"]),
+         "cross_tokenizer/student_tokens_per_span": per(s["tokens_scored"], s["spans_scored"]),
+         "cross_tokenizer/teacher_tokens_per_span": per(s["teacher_tokens_scored"], s["spans_scored"])}
+  out.update({f"cross_tokenizer/{k}": float(s[k]) for k in STATS if k not in ("spans", "tokens")})
+  return out
 
 
 class SpanKL:

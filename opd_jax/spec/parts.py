@@ -260,6 +260,9 @@ class TeacherSpec:
   name: str
   checkpoint: str  # HF dir (in-process scoring, evaluation, a served teacher's preflight)
   endpoint: str = ""  # "" = scored in this process; else a served teacher's base URL (.../v1)
+  # with cross_tokenizer.enabled, this teacher's own prompt format and end token ("" = cross_tokenizer's)
+  format: str = ""
+  end: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,7 @@ class RunSpec:
       vocab = PairVocab(min(teacher.vocab_size, student.vocab_size), teacher.vocab_size, student.vocab_size, None,
                         False)
     objective = teachers.check(objective, vocab, max_tokens, student=pair.student, tokenizer=pair.tokenizer,
+                               cross=cross.enabled,
                                eval_teacher_forced=train.eval_teacher_forced)
     objective = served_objective(teachers, served, rollout, objective, vocab.vocab_size)
     return cls(pair, vocab, data, train, optimizer, mesh, rollout, objective, teachers, served, config.seed, group,
@@ -112,8 +113,10 @@ def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers
     raise InputError(f"cross_tokenizer.enabled=True trains {', '.join(CROSS_OBJECTIVES)} (the span form, the "
                      f"next-character marginals, the ULD baseline); objective.name={objective.name!r} compares "
                      "distributions over one vocabulary")
-  if teachers.multi:
-    raise InputError("cross_tokenizer.enabled=True scores with one teacher for now; leave config.teachers empty")
+  if teachers.multi and (objective.name != "reverse_kl_pg" or teachers.endpoints):
+    raise InputError("several teachers of their own tokenizers train the span form in this process: set "
+                     "objective.name='reverse_kl_pg' and serve none of them (each teacher's hidden states or top-k "
+                     "would need that teacher's head in the step)")
   if teachers.endpoints and objective.name != "reverse_kl_pg":
     raise InputError(f"a served teacher of another tokenizer sends the log-probs of its own tokens, which is what "
                      f"the span form needs; objective.name={objective.name!r} needs its hidden states or top-k at "

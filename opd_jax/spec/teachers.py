@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from opd_jax.data.task import Problem
+from opd_jax.crosstok.formats import check_format
 from opd_jax.errors import InputError
 from opd_jax.models import read_hf_config
 from opd_jax.models.tokenizer_compat import PairVocab, check_pair
@@ -21,6 +22,7 @@ from opd_jax.serving.client import check_endpoint
 from opd_jax.spec.parts import TeacherSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
+_ENTRY_KEYS = ("checkpoint", "endpoint", "format", "end")  # what an entry of config.teachers may hold
 SMALL_VOCAB = 1024  # largest vocabulary whose exact objective multi-teacher runs train as top-k over all of it
 
 
@@ -34,10 +36,14 @@ class Teachers:
   def from_config(cls, config) -> "Teachers":
     specs = [TeacherSpec(config.routing.teacher_name, config.teacher, config.teacher_endpoint)]
     for name, entry in config.teachers.items():
-      if not hasattr(entry, "keys") or set(entry.keys()) - {"checkpoint", "endpoint"} or "checkpoint" not in entry:
+      if not hasattr(entry, "keys") or set(entry.keys()) - set(_ENTRY_KEYS) or "checkpoint" not in entry:
         raise InputError(f"teachers.{name} must be a dict with 'checkpoint' (an HF dir) and optionally 'endpoint' "
-                         f"(a served teacher's URL); got {entry!r}")
-      specs.append(TeacherSpec(name, entry["checkpoint"], entry.get("endpoint", "") or ""))
+                         "(a served teacher's URL) and, with cross_tokenizer.enabled, 'format' and 'end' (its "
+                         f"prompt format and end token); got {entry!r}")
+      if entry.get("format"):
+        check_format(entry["format"], f"teachers.{name}.format")
+      specs.append(TeacherSpec(name, entry["checkpoint"], entry.get("endpoint", "") or "",
+                               entry.get("format", "") or "", entry.get("end", "") or ""))
     return cls(tuple(specs), tuple(config.routing.rules))
 
   @property
@@ -53,7 +59,7 @@ class Teachers:
     return [s.endpoint for s in self.specs if s.endpoint]
 
   def check(self, objective: ObjectiveConfig, vocab: PairVocab, max_tokens: int, *, student: str, tokenizer: str,
-            eval_teacher_forced: bool) -> ObjectiveConfig:
+            eval_teacher_forced: bool, cross: bool = False) -> ObjectiveConfig:
     """Names, checkpoints, endpoints, rules and one vocabulary; returns the objective the run trains (module
     docstring of opd_jax/train/teachers.py). max_tokens: prompt + response tokens every teacher must fit;
     tokenizer: the data tokenizer's dir ("" = the student's)."""
@@ -77,6 +83,11 @@ class Teachers:
       if max_tokens > model.max_position_embeddings:
         raise InputError(f"teacher {spec.name!r}: data.max_prompt_tokens + rollout.max_new_tokens = {max_tokens} "
                          f"exceeds its max_position_embeddings {model.max_position_embeddings}; shorten one of them")
+      if cross:  # each teacher keeps its own tokenizer (opd_jax/crosstok); the span form needs no common vocabulary
+        continue
+      if spec.format or spec.end:
+        raise InputError(f"teachers.{spec.name}: 'format' and 'end' are a cross-tokenizer teacher's; set "
+                         "cross_tokenizer.enabled=True or drop them")
       own = check_pair(spec.checkpoint, student, model, read_hf_config(student), tokenizer_dir=tokenizer or None)
       if own.vocab_size != vocab.vocab_size:
         raise InputError(f"teacher {spec.name!r} ({spec.checkpoint}) and the student share {own.vocab_size} "
@@ -85,6 +96,8 @@ class Teachers:
     if eval_teacher_forced:
       raise InputError("train.eval_teacher_forced is single-teacher for now (whose greedy responses?); set it to "
                        "False with config.teachers")
+    if cross:
+      return objective  # reverse_kl_pg (opd_jax/spec/run_spec.py _check_cross)
     if objective.needs_teacher_hidden:
       if vocab.vocab_size > SMALL_VOCAB:
         raise InputError(f"objective.name={objective.name!r} recomputes the teacher's logits from its hidden "

@@ -41,10 +41,13 @@ class Evaluator:
       kl = run.teachers.eval_kl(run.heldout_routes) if suffix == "_sampled" else {}
       result = evaluation.evaluate(eval_sampler, params, run.tokenizer, heldout, **common, **on_sampler, keep=kept,
                                    **kl)
-      if "kl" in result:  # a cross-tokenizer teacher's KL is a span estimate, named as such (crosstok.SpanKL)
-        row[f"eval/{getattr(kl.get('kl_fn'), 'metric', 'reverse_kl')}"] = result.pop("kl")
+      # a cross-tokenizer teacher's KL is a span estimate, named as such (crosstok.SpanKL)
+      metric = getattr(kl.get("kl_fn") or next(iter(kl.get("teachers_kl") or []), (None,))[0], "metric",
+                       "reverse_kl")
+      if "kl" in result:
+        row[f"eval/{metric}"] = result.pop("kl")
       for n, value in result.pop("kl_by_teacher", {}).items():  # each held-out prompt against its own teacher
-        row[f"eval/teachers/{run.teachers.names[n]}/reverse_kl"] = value
+        row[f"eval/teachers/{run.teachers.names[n]}/{metric}"] = value
       row.update({f"eval/{k}{suffix}": v for k, v in result.items()})
       if kept is not None:
         samples += sample_rows("student", heldout[:t.eval_samples], kept.texts)

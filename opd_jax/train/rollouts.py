@@ -77,6 +77,7 @@ class RolloutProducer:
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
     self.teachers, self.routes, self.cross = teachers, routes, cross
+    self._routed_cross = cross is not None and teachers is not None and teachers.multi
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
                                                                     rollout.temperature, logits_chunk)
@@ -87,7 +88,9 @@ class RolloutProducer:
     """The paged engine's statistics of the latest batch, as metrics (none with the static engine)."""
     stats = getattr(self.sampler, "last_stats", None) or {}
     out = {f"rollout/engine_{k}": float(stats.get(k, 0)) for k in ENGINE_METRICS} if stats else {}
-    return {**out, **(self.cross.metrics() if self.cross is not None else {})}
+    if self.cross is not None:
+      out.update(self.teachers.cross_metrics() if self._routed_cross else self.cross.metrics())
+    return out
 
   def produce(self, index: int, version: int, snapshot: dict, prompts: dict, latest=None) -> RolloutBatch:
     """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters
@@ -105,7 +108,11 @@ class RolloutProducer:
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
     route_BxN = span_BxR = None
     mask_BxN = out.mask_BxN
-    if self.cross is not None:  # a teacher of another tokenizer: span scores (opd_jax/crosstok)
+    if self._routed_cross:  # teachers of their own tokenizers, each row scored by its own
+      teacher, span_BxR, route_BxN = self.teachers.cross_score(prompts["index_B"], out.tokens_BxN, mask_BxN,
+                                                               np.asarray(self.routes[prompts["index_B"]]))
+      mask_BxN = mask_BxN * (span_BxR >= 0)
+    elif self.cross is not None:  # a teacher of another tokenizer: span scores (opd_jax/crosstok)
       teacher, span_BxR = self.cross.score(self.teacher_state, prompts["index_B"], out.tokens_BxN, mask_BxN)
       mask_BxN = mask_BxN * (span_BxR >= 0)
     elif self.teachers is not None:  # each row by its own teacher, in this process or over the wire

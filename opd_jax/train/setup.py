@@ -23,7 +23,7 @@ from opd_jax.crosstok import scoring as crosstok
 from opd_jax.data.problems import get_problems
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
-from opd_jax.models import load_tokenizer
+from opd_jax.models import load_tokenizer, read_hf_config
 from opd_jax.models import sharding as shard_lib
 from opd_jax.rollout import placement
 from opd_jax.spec import RunSpec
@@ -102,15 +102,11 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
   # devices, then resharded onto the sampler's mesh).
   settings = programs.RunSettings.for_run(spec, vocab_size=vocab_size, eos_ids=eos_ids, pad_id=pad_id,
                                           batch_shards=mesh.shape["data"] * mesh.shape["fsdp"])
-  cross = span_kl = None
-  if spec.cross.enabled:  # a teacher with its own tokenizer: span scoring (opd_jax/crosstok)
-    cross, span_kl = crosstok.build(
-        spec.cross, student_tokenizer=tokenizer, teacher_dir=spec.pair.teacher, problems=train_problems + heldout,
-        eos_ids=eos_ids, max_prompt_tokens=d.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
-        use_chat_template=d.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
-        temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch,
-        objective=spec.objective, student_vocab_size=vocab_size, teacher_vocab_size=teacher.config.vocab_size,
-        served=main_served)
+  cross = span_kl = cross_for = None
+  if spec.cross.enabled:  # teachers with their own tokenizers: span scoring (opd_jax/crosstok)
+    cross_for = _cross_builder(spec, tokenizer, train_problems + heldout, eos_ids, graphdef, vocab_size, settings,
+                               put_batch)
+    cross, span_kl = cross_for(spec.teachers.specs[0], teacher_graphdef, main_served)
     settings = dataclasses.replace(settings, projection=cross.projection)
   built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
                          teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
@@ -118,10 +114,11 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
   state = jax.device_put(state, built.state_shardings)
 
   main = teachers_lib.RoutedTeacher(spec.teachers.specs[0].name, teacher_graphdef, teacher_state,
-                                    built.teacher_score, main_served, span_kl or built.eval_reverse_kl)
+                                    built.teacher_score, main_served, span_kl or built.eval_reverse_kl, cross)
   teachers = teachers_lib.connect(spec, main, student_graphdef=graphdef, settings=settings, tokenizer=tokenizer,
                                   mesh=mesh, put_batch=put_batch,
-                                  load=lambda path, own: load_model(spec.pair, "teacher", mesh, own, path))
+                                  load=lambda path, own: load_model(spec.pair, "teacher", mesh, own, path),
+                                  cross_for=cross_for)
   stack.callback(teachers.close)
   routes = None
   if spec.teachers.multi:  # fixed per problem before training, so a resumed run routes alike
@@ -137,3 +134,21 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
                              teachers=teachers, routes=routes["train"] if routes else None, cross=cross)
   return Run(spec, mesh, put_batch, put_sampler_batch, graphdef, state, teacher_state, tokenizer, heldout,
              routes["heldout"] if routes else None, prompts, schedule, built, teachers, producer)
+
+
+def _cross_builder(spec: RunSpec, tokenizer, problems: list[Problem], eos_ids: tuple[int, ...], graphdef,
+                   vocab_size: int, settings, put_batch):
+  """(teacher spec, its graphdef, its served client or None) -> (CrossTokenizerScorer, SpanKL): a teacher of its
+  own tokenizer, in its own format (the teacher's entry, else config.cross_tokenizer's); problems: the training
+  problems followed by the held-out ones."""
+  def build(teacher_spec, teacher_graphdef, served=None):
+    own = dataclasses.replace(spec.cross, teacher_format=teacher_spec.format or spec.cross.teacher_format,
+                              teacher_end=teacher_spec.end or spec.cross.teacher_end)
+    return crosstok.build(
+        own, student_tokenizer=tokenizer, teacher_dir=teacher_spec.checkpoint, problems=problems, eos_ids=eos_ids,
+        max_prompt_tokens=spec.data.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
+        use_chat_template=spec.data.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
+        temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch,
+        objective=spec.objective, student_vocab_size=vocab_size,
+        teacher_vocab_size=read_hf_config(teacher_spec.checkpoint).vocab_size, served=served)
+  return build

@@ -49,26 +49,30 @@ class RoutedTeacher:
   score: object  # jit (state, prompt, valid, response, mask) -> Scores (programs.teacher_score_program)
   served: object = None  # an opd_jax.serving.client.ServedTeacher, or None (in this process)
   kl_fn: object = None  # the evaluation's reverse KL program for this teacher (programs.make_kl_fn)
+  cross: object = None  # a teacher of another tokenizer: its opd_jax.crosstok.scoring.CrossTokenizerScorer
 
 
 def connect(spec: RunSpec, main: RoutedTeacher, *, student_graphdef, settings, tokenizer, mesh, put_batch,
-            load) -> "TeacherSet":
+            load, cross_for=None) -> "TeacherSet":
   """Every teacher of the run: `main` (config.teacher, loaded by the run's setup, with its client when served)
   first, then every other entry of spec.teachers loaded (load(checkpoint, its PairVocab) -> model) and
-  connected, with its scoring and evaluation-KL programs built by the run's builders."""
+  connected, with its scoring and evaluation-KL programs built by the run's builders. cross_for(teacher spec,
+  graphdef) -> (CrossTokenizerScorer, SpanKL): each teacher's own view with cross_tokenizer.enabled."""
   teachers, student = [main], read_hf_config(spec.pair.student)
   try:
     for teacher in spec.teachers.specs[1:]:
-      vocab = check_pair(teacher.checkpoint, spec.pair.student, read_hf_config(teacher.checkpoint), student,
-                         tokenizer_dir=spec.pair.tokenizer or None)
+      vocab = spec.vocab if cross_for is not None else check_pair(
+          teacher.checkpoint, spec.pair.student, read_hf_config(teacher.checkpoint), student,
+          tokenizer_dir=spec.pair.tokenizer or None)
       graphdef, state = nnx.split(load(teacher.checkpoint, vocab))
+      cross, span_kl = cross_for(teacher, graphdef) if cross_for is not None else (None, None)
       teachers.append(RoutedTeacher(
           teacher.name, graphdef, state,
           programs.teacher_score_program(graphdef, spec.objective, settings.rollout.temperature,
                                          settings.logits_chunk, settings.micro_batch_size, mesh),
           served_lib.connect(spec.served, teacher.endpoint, spec.objective, vocab.vocab_size, tokenizer),
-          make_kl_fn(student_graphdef, graphdef, settings.logits_chunk, "reverse", settings.micro_batch_size,
-                     mesh)))
+          span_kl or make_kl_fn(student_graphdef, graphdef, settings.logits_chunk, "reverse",
+                                settings.micro_batch_size, mesh), cross))
   except BaseException:
     TeacherSet(teachers, put_batch).close()
     raise
@@ -151,6 +155,32 @@ class TeacherSet:
       return self.put_batch(out)
 
     return whole(logp), whole(top_logp), whole(top_ids)
+
+  def cross_score(self, index_B: np.ndarray, tokens_BxN, mask_BxN, route_B: np.ndarray):
+    """Teachers of their own tokenizers (opd_jax/crosstok), each row by its own: (Scores with each row's span
+    log-probs, span_BxN of each row's own spans, route_BxN one-hot), and the alignment counts summed over the
+    teachers (`cross_metrics`)."""
+    route_BxN = np.eye(len(self.teachers), dtype=np.float32)[route_B]
+    logp_BxN = span_BxN = None
+    for n, teacher in enumerate(self.teachers):
+      if not np.any(route_B == n):
+        teacher.cross.last_stats = {}
+        continue
+      mine_Bx1 = self.put_batch(route_BxN[:, n:n + 1])
+      scores, span = teacher.cross.score(teacher.state, index_B, tokens_BxN, mask_BxN * mine_Bx1)
+      mine = mine_Bx1 > 0
+      logp_BxN = scores.logp_BxR if logp_BxN is None else jnp.where(mine, scores.logp_BxR, logp_BxN)
+      span_BxN = span if span_BxN is None else jnp.where(mine, span, span_BxN)
+    return Scores(logp_BxN), span_BxN, self.put_batch(route_BxN)
+
+  def cross_metrics(self) -> dict:
+    """cross_tokenizer/* of the latest batch over every teacher's rows (counts summed, shares recomputed)."""
+    from opd_jax.crosstok.scoring import alignment_metrics
+    total: dict = {}
+    for teacher in self.teachers:
+      for key, value in (teacher.cross.last_stats or {}).items():
+        total[key] = total.get(key, 0) + value
+    return alignment_metrics(total)
 
   def close(self) -> None:
     """Closes the served teachers' clients."""
