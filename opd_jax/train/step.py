@@ -36,10 +36,10 @@ from opd_jax.errors import InputError
 from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergences_topk_per_token
 from opd_jax.objectives.chunked import gather_logp, merge_rows, split_rows, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
-from opd_jax.objectives.spans import span_starts, span_total
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
                                        divergence_marginalized, divergence_topk, divergence_uld, effective_sample_size,
                                        group_advantages, masked_mean)
+from opd_jax.objectives.spans import span_starts, span_total
 
 
 @jax.tree_util.register_dataclass
