@@ -224,6 +224,21 @@ def test_marginalized_and_uld_divergences():
   assert float(jnp.min(losses.divergence_uld(student, top(teacher), 1.0))) > 0
 
 
+def test_a_spans_later_tokens_take_the_span_policy_gradient_under_vocabulary_objectives():
+  """reverse_kl / uld across tokenizers: the divergence where a span starts, the span form's policy gradient at its
+  later tokens (none left without a signal); with every span one token, the divergence alone, exactly."""
+  divergence = jnp.asarray([[0.3, 0.5, 0.7, 0.2]])
+  # the teacher's log-prob of each token's span (what span scoring hands every token of a span)
+  learner, teacher = jnp.asarray([[-1.0, -2.0, -0.5, -1.5]]), jnp.asarray([[-4.0, -4.0, -1.0, -1.0]])
+  mask = jnp.ones((1, 4))
+  per_token = lambda span: losses.token_losses(LossInputs(learner, learner, teacher, mask, divergence,
+                                                          span_BxR=span), ObjectiveConfig(name="reverse_kl"))[0]
+  np.testing.assert_array_equal(np.asarray(per_token(jnp.asarray([[0, 1, 2, 3]]))), np.asarray(divergence))
+  # span 0 = tokens 0, 1 (student total -3, teacher -4: advantage -1); span 1 = tokens 2, 3 (-2, teacher -1: +1)
+  got = np.asarray(per_token(jnp.asarray([[0, 0, 1, 1]])))
+  np.testing.assert_allclose(got, [[0.3, -(-1.0) * -2.0, 0.7, -(1.0) * -1.5]])
+
+
 # ------------------------------------------------------------------------------------------- in the loop
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,8 @@ tokens a_t. Log-probs and logits are float32.
                  correction that keeps a handful of responses cannot take full Adam steps on them.
   reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix. With a teacher of another
                  tokenizer (opd_jax.crosstok): at each span start, KL between both next-token distributions
-                 marginalized onto the next character (`divergence_marginalized`), 0 at the span's other tokens.
+                 marginalized onto the next character (`divergence_marginalized`); a span's later tokens, which
+                 no teacher position predicts, take the span form's policy gradient (reverse_kl_pg's).
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
   grpo           the RL baseline under identical rollouts (no teacher in the loss): each prompt is sampled
@@ -44,6 +45,7 @@ tokens a_t. Log-probs and logits are float32.
                  distributions' probabilities sorted in decreasing order, which needs no token correspondence;
                  here over the top_k largest of each plus one tail bin (1 - their sum). It ignores which token
                  carries which probability, so it is a baseline, not a divergence between the same events.
+                 Across tokenizers, at span starts, a span's later tokens as in reverse_kl.
   *_topk         the same three on the teacher's top-k support plus one tail bin: both distributions are
                  coarse-grained to (top-k tokens of pi_T, everything else). The tail bin keeps the divergence
                  well defined and, by the data-processing inequality, a lower bound on the full one; it is exact
@@ -69,7 +71,7 @@ import jax
 import jax.numpy as jnp
 
 from opd_jax.errors import InputError
-from opd_jax.objectives.spans import span_total
+from opd_jax.objectives.spans import span_starts, span_total
 
 IMPORTANCE = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
 SEQUENCE_IMPORTANCE = ("seq_tis", "geo_tis", "geo_reject")
@@ -326,7 +328,16 @@ def _grpo(x: LossInputs, c: ObjectiveConfig):
 def _vocabulary(x: LossInputs, c: ObjectiveConfig):
   if x.divergence_BxR is None:
     raise InputError(f"objective {c.name} needs the per-token vocabulary divergence (LossInputs.divergence_BxR)")
-  return x.divergence_BxR, {}
+  if x.span_BxR is None:
+    return x.divergence_BxR, {}
+  # Across tokenizers the divergence is measured where a span starts (both models predict its first characters
+  # from the same text); a span's later tokens, which no teacher position predicts, take the span form's policy
+  # gradient, so no sampled token goes without a signal. Spans of one token: the divergence alone.
+  starts_BxR = span_starts(x.span_BxR)
+  student_span_BxR = span_total(x.learner_logp_BxR * x.mask_BxR, x.span_BxR, x.span_BxR)
+  advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_span_BxR)
+  inside_BxR = -advantage_BxR * x.learner_logp_BxR
+  return jnp.where(starts_BxR > 0, x.divergence_BxR, inside_BxR), {"span_start_share": starts_BxR}
 
 
 _EXACT_BETA = {"reverse_kl": 1.0, "forward_kl": 0.0, "jsd": None}

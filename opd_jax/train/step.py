@@ -39,7 +39,7 @@ from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
                                        divergence_marginalized, divergence_topk, divergence_uld, effective_sample_size,
                                        group_advantages, masked_mean)
-from opd_jax.objectives.spans import span_starts, span_total
+from opd_jax.objectives.spans import span_total
 
 
 @jax.tree_util.register_dataclass
@@ -194,11 +194,8 @@ def _gradients(forward, objective: ObjectiveConfig, params, batch: RolloutBatch,
   def loss_fn(params, micro: RolloutBatch, micro_advantage_B):
     per_token = forward(params, micro)
     learner_logp_BxR = per_token.pop("logp") * micro.mask_BxR
-    divergence_BxR = per_token.pop("divergence", None)
-    if divergence_BxR is not None and micro.span_BxR is not None:  # across tokenizers: at span starts only
-      divergence_BxR = divergence_BxR * span_starts(micro.span_BxR)
     inputs = LossInputs(learner_logp_BxR, micro.sampler_logp_BxR, micro.teacher_logp_BxR, micro.mask_BxR,
-                        divergence_BxR, micro_advantage_B, micro.span_BxR)
+                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR)
     loss, aux = compute_loss(inputs, objective, token_count)
     per_token["learner_logp"] = learner_logp_BxR
     return loss, (aux, jax.lax.stop_gradient(per_token))
