@@ -1,4 +1,4 @@
-"""Exact span scoring by an in-process teacher of another tokenizer.
+"""Exact span scoring by a teacher of another tokenizer (in this process, or served: `served`).
 
 Legend: B rows, R student response length, Pt / Rt the teacher's prompt / response length.
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from opd_jax.crosstok.projection import character_events
 from opd_jax.crosstok.view import STATS, CrossTokenizerView
-from opd_jax.objectives.logprobs import Scores, response_hidden
 from opd_jax.objectives.chunked import score_tokens
+from opd_jax.objectives.logprobs import Scores, response_hidden
 from opd_jax.objectives.losses import ObjectiveConfig
 from opd_jax.objectives.spans import span_total
 
@@ -49,10 +50,10 @@ def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, 
 
 def _at_student_starts(x_BxRtx: jax.Array, teacher_first_BxR: jax.Array) -> jax.Array:
   """[B, R, ...]: row teacher_first_BxR[b, t] of x_BxRtx[b] at each span start t, zeros elsewhere."""
-  index_BxR = jax.numpy.maximum(teacher_first_BxR, 0)
+  index_BxR = jnp.maximum(teacher_first_BxR, 0)
   picked = jax.vmap(lambda x, i: x[i])(x_BxRtx, index_BxR)
   keep = (teacher_first_BxR >= 0).reshape(teacher_first_BxR.shape + (1,) * (x_BxRtx.ndim - 2))
-  return jax.numpy.where(keep, picked, jax.numpy.zeros_like(picked))
+  return jnp.where(keep, picked, jnp.zeros_like(picked))
 
 
 @dataclasses.dataclass
@@ -144,8 +145,8 @@ class SpanKL:
       hidden_BxRxD = response_hidden(model, prompt_BxP, valid_BxP, response_BxR, mask_BxR)
       logp_BxR = score_tokens(model, hidden_BxRxD, response_BxR, temperature=1.0, chunk=logits_chunk)["logp"]
       scored_BxR = mask_BxR * (span_BxR >= 0)
-      share_BxR = teacher_span_logp_BxR / jax.numpy.maximum(span_total(scored_BxR, span_BxR, span_BxR), 1.0)
-      return jax.numpy.sum((logp_BxR - share_BxR) * scored_BxR), jax.numpy.sum(scored_BxR)
+      share_BxR = teacher_span_logp_BxR / jnp.maximum(span_total(scored_BxR, span_BxR, span_BxR), 1.0)
+      return jnp.sum((logp_BxR - share_BxR) * scored_BxR), jnp.sum(scored_BxR)
     self._student = jax.jit(student)
 
   def __call__(self, student_state, teacher_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
