@@ -29,10 +29,6 @@ class Alignment:
   teacher_span: list[int]  # per teacher token: its span, or UNSCORED
   valid: list[bool]  # per span
 
-  @property
-  def spans(self) -> int:
-    return len(self.valid)
-
 
 def token_ends(decode, ids: list[int], text: str) -> list[int | None]:
   """Character offset where each token of `ids` ends in `text` (their decoding), or None for a token that ends
