@@ -3,7 +3,8 @@
   python tests/replay_server.py --responses=FILE.json [--max_requests=N]
 
 FILE maps "METHOD /path" to {"status": code, "body": json} (or a list of them, answered in turn, the last one
-repeated). Prints "serving replay at http://127.0.0.1:PORT/v1" once it listens on a free port, answers at most
+repeated); an answer with "cut": true announces its whole body but sends half of it and closes the connection, as
+a server killed mid-answer does. Prints "serving replay at http://127.0.0.1:PORT/v1" once it listens on a free port, answers at most
 N requests (a bounded loop), then exits; the test stops it either way, and it stops itself once the process that
 started it is gone (opd_jax/serving/processes.py: exit_with_parent).
 """
@@ -32,7 +33,7 @@ def main():
       length = int(self.headers.get("Content-Length") or 0)
       self.rfile.read(length)
       key = f"{method} {self.path}"
-      answers = table.get(key)
+      answers, cut = table.get(key), False
       if answers is None:
         status, body = 404, {"object": "error", "message": f"no recorded answer for {key}"}
       else:
@@ -40,12 +41,15 @@ def main():
         answer = answers[min(served[key], len(answers) - 1)]
         served[key] += 1
         status, body = answer.get("status", 200), answer["body"]
+        cut = answer.get("cut", False)
       raw = json.dumps(body).encode()
       self.send_response(status)
       self.send_header("Content-Type", "application/json")
       self.send_header("Content-Length", str(len(raw)))
       self.end_headers()
-      self.wfile.write(raw)
+      self.wfile.write(raw[:len(raw) // 2] if cut else raw)
+      if cut:
+        self.close_connection = True
 
     def do_GET(self):
       self._answer("GET")

@@ -158,6 +158,22 @@ def test_an_outage_waits_and_one_past_retry_for_s_stops(tmp_path):
   assert len(warnings) == 1 and "is not answering" in warnings[0] and client.outages == 1
 
 
+def test_a_response_cut_short_is_an_outage_retried(tmp_path):
+  """A server killed while writing its answer leaves a body shorter than it announced (IncompleteRead): the request
+  is retried like a refused connection, and the batch is scored from the next answer."""
+  with open(RECORDED) as f:
+    table = json.load(f)
+  body = table["POST /v1/completions"]["body"]
+  table["POST /v1/completions"] = [{"cut": True, "body": body}, {"body": body}]
+  warnings = []
+  with _replay(tmp_path, table) as (_, url):
+    client = ServedTeacher(url, vocab_size=16, top_k=2, retry_for_s=5, warn=warnings.append)
+    logp, _, _ = client.score(*_recorded_batch())
+    client.close()
+  np.testing.assert_array_equal(logp, [[-0.125, -1.5], [-3.0625, 0.0]])
+  assert client.outages == 1 and len(warnings) == 1 and "IncompleteRead" in warnings[0]
+
+
 def _alive(pid: int) -> bool:
   """Whether `pid` runs (a zombie nobody reaped has exited)."""
   try:

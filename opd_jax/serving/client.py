@@ -9,7 +9,7 @@ returns of a batch (the sampled tokens' log-probs [B, R], and the top-k [B, R, K
 Requests: the batch is cut into requests of `rows_per_request` rows, at most `max_in_flight` of them at once
 (threads; the server batches each request's rows into one jitted call). Each request has a `timeout_s`.
 
-Failures: a refused connection, a timeout, HTTP 429 or 5xx is an outage: the request is retried with
+Failures: a refused connection, a timeout, a response cut short, HTTP 429 or 5xx is an outage: the request is retried with
 exponential backoff (0.25 s doubling to 8 s) and the batch waits, so no step and no rollout is lost. The first
 failure of an outage prints one warning line (`warn`); if the server has not answered for `retry_for_s`, the
 run stops with `TrainingStopped` (launch/train.py: one `error:` line, exit 1, the last checkpoint kept). Any other
@@ -23,6 +23,7 @@ from the student tokenizer's: scores of another vocabulary would silently train 
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import socket
 import threading
@@ -98,6 +99,8 @@ class ServedTeacher:
         reason = f"HTTP {e.code}"
       except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError, OSError) as e:
         reason = str(getattr(e, "reason", e)) or type(e).__name__
+      except http.client.HTTPException as e:  # a response cut short (the server died mid-answer): an outage too
+        reason = f"{type(e).__name__}: {e}"
       since = self._failed(url, reason)
       if time.time() - since > self.retry_for_s:
         raise TrainingStopped(f"served teacher at {url} has not answered for {time.time() - since:.0f} s "
