@@ -56,15 +56,52 @@ def _row(view, text, eos=True):
 
 def test_multi_digit_numbers_are_spans_of_single_digits(tokenizers):
   """The student writes digits one by one, the teacher pairs them: "12" is one span of two student tokens and one
-  teacher token; "5" after "34" joins "34" (the teacher's "345" is "34", "5": boundary after 4 is shared)."""
+  teacher token. A boundary the next character could still move is not a span end: after "1" (a digit may follow,
+  and the teacher would pair it) "1" joins "+"; after the last "5" the EOS joins "5" (the teacher's one-digit "5"
+  means "5, then no digit"); a row cut there leaves its last span unscored."""
   view = _view(tokenizers["char"], tokenizers["number"])
   arrays, stats = _row(view, "12+345")
   spans = arrays["student_span_BxR"][0, :7].tolist()
-  assert spans == [0, 0, 1, 2, 2, 3, 4]  # 1 2 | + | 3 4 | 5 | <eos>
+  assert spans == [0, 0, 1, 2, 2, 3, 3]  # 1 2 | + | 3 4 | 5 <eos>
   teacher = view.teacher.convert_ids_to_tokens(arrays["teacher_response_BxRt"][0, :5].tolist())
   assert teacher == ["12", "+", "34", "5", "<eos>"]
-  assert arrays["teacher_span_BxRt"][0, :6].tolist() == [0, 1, 2, 3, 4, UNSCORED]
-  assert stats["spans"] == stats["spans_scored"] == 5 and stats["tokens_scored"] == 7
+  assert arrays["teacher_span_BxRt"][0, :6].tolist() == [0, 1, 2, 3, 3, UNSCORED]
+  assert stats["spans"] == stats["spans_scored"] == 4 and stats["tokens_scored"] == 7
+  assert stats["boundaries_unsettled"] == 0  # the text's end is counted apart: it ends a span either way
+  arrays, stats = _row(view, "1+23+4", eos=False)
+  assert arrays["student_span_BxR"][0, :7].tolist() == [0, 0, 1, 1, 2, UNSCORED, UNSCORED]  # 1+ | 23 | + | (4)
+  assert stats["boundaries_unsettled"] == 1 and stats["spans_unscorable"] == 1 and stats["spans_scored"] == 3
+
+
+def _tabular_logp(sequences: dict, probability: dict, target: tuple) -> list[float]:
+  """Per token of `target`: its log-prob under the model that writes text w with probability[w], as a token
+  sequence sequences[w] (P(next token | tokens so far) from the texts' own tokenizations)."""
+  mass = lambda k: sum(p for w, p in probability.items() if tuple(sequences[w][:k]) == target[:k])
+  return [float(np.log(mass(k + 1) / mass(k))) for k in range(len(target))]
+
+
+def test_a_student_that_states_the_teachers_text_distribution_has_zero_advantage_on_every_span(tokenizers):
+  """Both sides are the same distribution over texts, each written in its own tokenization (the teacher pairs
+  digits). Every scored span's log-probs must then agree on both sides, or the objectives would push a student
+  that is already right. Spans ending where a digit could still follow (one-digit "7": to the teacher "7, then no
+  digit") would not: log 0.2 against log 0.6."""
+  char, number = tokenizers["char"], tokenizers["number"]
+  view = _view(char, number)
+  probability = {"7": 0.2, "76": 0.3, "765": 0.1, "3+4": 0.15, "35": 0.25}
+  student = {w: tuple(char.encode(w, add_special_tokens=False)) + (char.eos_token_id,) for w in probability}
+  teacher = {w: tuple(number.encode(w, add_special_tokens=False)) + (number.eos_token_id,) for w in probability}
+  for text in probability:
+    arrays, stats = _row(view, text)
+    s_logp = _tabular_logp(student, probability, student[text])
+    t_logp = _tabular_logp(teacher, probability, teacher[text])
+    assert arrays["teacher_response_BxRt"][0, :len(t_logp)].tolist() == list(teacher[text])
+    s_span = arrays["student_span_BxR"][0, :len(s_logp)]
+    t_span = arrays["teacher_span_BxRt"][0, :len(t_logp)]
+    assert stats["spans_scored"] >= 1 and (s_span >= 0).all()
+    for span in set(s_span.tolist()):
+      s_total = sum(v for v, k in zip(s_logp, s_span) if k == span)
+      t_total = sum(v for v, k in zip(t_logp, t_span) if k == span)
+      assert abs(s_total - t_total) < 1e-9, (text, span, s_total, t_total)
 
 
 def test_whitespace_merging_tokens_and_unknown_teacher_tokens():
@@ -113,16 +150,16 @@ def test_a_response_prefix_is_teacher_context_not_a_span(tokenizers):
   arrays, stats = _row(_view(tokenizers["char"], tokenizers["number"], response_prefix=" "), "12+345")
   number = tokenizers["number"]
   assert number.convert_ids_to_tokens(arrays["teacher_response_BxRt"][0, :2].tolist()) == [" ", "12"]
-  assert arrays["teacher_span_BxRt"][0, :6].tolist() == [UNSCORED, 0, 1, 2, 3, 4]
+  assert arrays["teacher_span_BxRt"][0, :6].tolist() == [UNSCORED, 0, 1, 2, 3, 3]
   np.testing.assert_array_equal(arrays["student_span_BxR"], plain["student_span_BxR"])
-  assert arrays["teacher_first_BxR"][0, :7].tolist() == [1, UNSCORED, 2, 3, UNSCORED, 4, 5]
-  assert stats["spans_scored"] == 5
+  assert arrays["teacher_first_BxR"][0, :7].tolist() == [1, UNSCORED, 2, 3, UNSCORED, 4, UNSCORED]
+  assert stats["spans_scored"] == 4
 
 
 def test_truncated_teacher_response_and_formats(tokenizers):
   view = _view(tokenizers["char"], tokenizers["number"], max_response=2)
   arrays, stats = _row(view, "12+345")
-  assert stats["spans_truncated"] == 3 and arrays["student_span_BxR"][0, :4].tolist() == [0, 0, 1, UNSCORED]
+  assert stats["spans_truncated"] == 2 and arrays["student_span_BxR"][0, :4].tolist() == [0, 0, 1, UNSCORED]
   number = tokenizers["number"]
   assert TeacherFormat("Q: {prompt}\nA:", number).text("1+2=") == "Q: 1+2=\nA:"
   for bad, fragment in (("Q: {question}", "does not render"), ("Q:", "neither"), ("chat", "no chat template")):

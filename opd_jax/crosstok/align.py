@@ -51,13 +51,20 @@ def _known_ends(ends: list[int | None], length: int) -> list[int]:
   return out
 
 
+def shared_ends(student_end: list[int | None], teacher_end: list[int | None]) -> set[int]:
+  """The boundaries (> 0) both tokenizations put between tokens."""
+  return {e for e in student_end if e} & {e for e in teacher_end if e}
+
+
 def align(student_end: list[int | None], teacher_end: list[int | None], teacher_known: list[bool],
-          length: int) -> Alignment:
+          length: int, allowed: set[int] | None = None) -> Alignment:
   """Spans of a text of `length` characters tokenized both ways. student_end / teacher_end: each side's
   `token_ends` (the caller checks that both sides' tokens spell the whole text); teacher_known: False for a
-  teacher token that is its unknown token."""
+  teacher token that is its unknown token; allowed: the shared boundaries that may end a span (None: all of them;
+  opd_jax.crosstok.boundaries drops those where the two sides' events differ). The text's end always ends one."""
   # span s ends at shared[s]: a token ending at e (<= length) is in the first span whose boundary is >= e
-  shared = sorted(({e for e in student_end if e} & {e for e in teacher_end if e}) | {length})
+  shared = shared_ends(student_end, teacher_end)
+  shared = sorted((shared if allowed is None else shared & allowed) | {length})
   student_span = [bisect.bisect_left(shared, e) for e in _known_ends(student_end, length)]
   teacher_span = [bisect.bisect_left(shared, e) for e in _known_ends(teacher_end, length)]
   valid = [False] * len(shared)

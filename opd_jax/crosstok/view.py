@@ -11,22 +11,28 @@ tokenizations are aligned into spans (opd_jax.crosstok.align). What is never sco
     could produce; `tokens_special`);
   - a row whose text the teacher's tokenizer does not spell back exactly (normalization, unknown characters;
     `rows_not_round_tripped`);
-  - spans whose teacher tokens run past Rt (`spans_truncated`).
+  - spans whose teacher tokens run past Rt (`spans_truncated`);
+  - the last span of a response cut before its end was settled (a number cut after its first digit), in
+    `spans_unscorable`.
+Shared boundaries where the two tokenizations stand for different events are not span ends
+(opd_jax.crosstok.boundaries; counted as `boundaries_unsettled`).
 A response that ended with one of the student's EOS ids ends with one span more: that EOS token against the
 teacher's end token (`teacher_end`, by default its tokenizer's EOS), so the student learns when the teacher
-would stop. Without a teacher end token the EOS is not scored.
+would stop (joining the last span when the text's end is not settled). Without a teacher end token the EOS is
+not scored.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from opd_jax.crosstok.align import UNSCORED, align, token_ends
+from opd_jax.crosstok.align import UNSCORED, align, shared_ends, token_ends
+from opd_jax.crosstok.boundaries import BoundaryProbe, settled
 from opd_jax.crosstok.formats import TeacherFormat
 from opd_jax.errors import InputError
 
 STATS = ("spans", "spans_scored", "spans_unscorable", "spans_truncated", "tokens", "tokens_scored",
-         "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped")
+         "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped", "boundaries_unsettled")
 
 
 def _decoder(tokenizer):
@@ -65,6 +71,7 @@ class CrossTokenizerView:
       raise InputError(f"problem {longest}'s prompt is {len(self.prompt_ids[longest])} tokens in the teacher's "
                        f"format, above cross_tokenizer.max_teacher_prompt_tokens={max_prompt}; raise it")
     self._s_decode, self._t_decode = _decoder(student_tokenizer), _decoder(teacher_tokenizer)
+    self._s_probe, self._t_probe = BoundaryProbe(student_tokenizer), BoundaryProbe(teacher_tokenizer)
 
   def register_student_prompts(self, prompt_NxP: np.ndarray, valid_NxP: np.ndarray) -> None:
     """The student's encoding of each of `prompts` (data.batching.encode_prompts), so that `lookup` finds a
@@ -124,18 +131,26 @@ class CrossTokenizerView:
       return
     t_end = [None if e is None else e - shift for e in token_ends(self._t_decode, t_ids, t_text)]
     context = [e is not None and e <= 0 for e in t_end]
+    end_settled = True
     if text:
-      alignment = align(token_ends(self._s_decode, body, text), [None if c else e for c, e in zip(context, t_end)],
-                        [t != self.unk for t in t_ids], len(text))
+      s_end, t_end = token_ends(self._s_decode, body, text), [None if c else e for c, e in zip(context, t_end)]
+      shared = shared_ends(s_end, t_end) | {len(text)}
+      allowed = settled(self._s_probe, self._t_probe, text, sorted(shared), self.prefix)
+      stats["boundaries_unsettled"] += len(shared - allowed - {len(text)})
+      end_settled = len(text) in allowed
+      alignment = align(s_end, t_end, [t != self.unk for t in t_ids], len(text), allowed)
       s_span, valid = list(alignment.student_span), list(alignment.valid)
       t_span = [UNSCORED if c else s for c, s in zip(context, alignment.teacher_span)]
     else:  # nothing but the EOS (or tokens that spell nothing): no span of text
       s_span, t_span, valid = [UNSCORED] * len(body), [UNSCORED] * len(t_ids), []
-    if ended and self.end_id is not None:  # the student's EOS against the teacher's end token: a span of its own
-      s_span.append(len(valid))
-      t_span.append(len(valid))
+    if ended and self.end_id is not None:  # the student's EOS against the teacher's end token
+      if end_settled:  # a span of its own
+        valid.append(True)
+      s_span.append(len(valid) - 1)  # else it joins the last span, whose end the next character still decided
+      t_span.append(len(valid) - 1)
       t_ids.append(self.end_id)
-      valid.append(True)
+    elif not end_settled:  # cut where the next character could still change what the last span means
+      valid[-1] = False
     stats["spans"] += len(valid)
     stats["spans_unscorable"] += len(valid) - sum(valid)
     for j in range(self.max_response, len(t_ids)):  # teacher tokens past Rt: their spans cannot be scored
