@@ -138,6 +138,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.rollout.top_k = 0  # 0 = off
   c.rollout.top_p = 1.0  # 1 = off
   c.rollout.max_new_tokens = 64  # response budget; the embedded task needs <= 64
+  c.rollout.stop_text = ""  # student tokens whose text contains this end a response as EOS does; "" = none
   # Rollout engine layout and memory (README "Scaling the rollout engine"); none of these changes a number.
   c.rollout.placement = "colocated"  # colocated (time-share all devices) | disaggregated (sampler on its own)
   c.rollout.devices = 0  # disaggregated: the first N devices form the sampler's mesh, the learner the rest

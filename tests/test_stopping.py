@@ -73,6 +73,33 @@ def test_evaluation_reports_the_share_at_the_cap_and_the_share_that_repeats(tmp_
   assert evaluation.repeats([5] * 9) and not evaluation.repeats([5] * 8)
 
 
+def test_stop_text_ends_every_response_at_its_first_line(tmp_path):
+  """rollout.stop_text="\n": every token writing a newline ends a response as the EOS does (pair1's student writes
+  one line per partial sum, so its answers are several lines long without it)."""
+  import json
+
+  from configs import common
+  from opd_jax.data.char_tokenizer import build_char_tokenizer
+  from opd_jax.data.stop_tokens import stop_token_ids
+  from opd_jax.errors import InputError
+  from opd_jax.models import load_tokenizer
+  from opd_jax.train.loop import train
+
+  build_char_tokenizer(str(tmp_path / "char"))
+  char = load_tokenizer(str(tmp_path / "char"))
+  assert stop_token_ids(char, "\n") == (char.convert_tokens_to_ids("\n"),) and stop_token_ids(char, "") == ()
+  with pytest.raises(InputError, match="rollout.stop_text='ab': no token"):
+    stop_token_ids(char, "ab")
+  lines = {}
+  for stop in ("", "\n"):
+    config = common.pair_config("pair1", "runlocal")
+    config.train.steps, config.train.eval_size, config.rollout.stop_text = 0, 16, stop
+    train(config, str(tmp_path / f"run{len(stop)}"))
+    with open(tmp_path / f"run{len(stop)}" / "samples.jsonl") as f:
+      lines[stop] = [json.loads(line)["response"].rstrip("\n").count("\n") + 1 for line in f]
+  assert max(lines[""]) > 1 and set(lines["\n"]) == {1}, lines
+
+
 @pytest.mark.slow  # a long end-to-end run: CI's full suite, not the fast tier
 def test_a_student_relearns_to_stop_only_with_teacher_endings_in_its_rows_and_a_forward_pull(tmp_path):
   """The SmolLM2 failure at tiny scale, both halves of it (docs/real_pair.md). The embedded pair1 student with its

@@ -31,6 +31,9 @@ class RolloutConfig:
   top_k: int = 0
   top_p: float = 1.0
   max_new_tokens: int = 64
+  # Every student token whose text contains this ends a response, as its EOS does ("" = none): vLLM's stop strings
+  # at token granularity (the stopping token's text is not part of the answer). "\n" ends answers at their first line.
+  stop_text: str = ""
   # The rollout engine's layout and memory (rollout.placement, rollout.weight_sync); none changes a number.
   placement: str = "colocated"  # colocated | disaggregated
   devices: int = 0  # disaggregated: devices of the sampler's own mesh (the learner keeps the rest)
@@ -91,6 +94,8 @@ class RolloutConfig:
       raise InputError(f"rollout.snapshots_on must be one of {snapshots.PLACES}, got {self.snapshots_on!r}")
     if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 1:
       raise InputError(f"rollout.samples_per_prompt must be an integer >= 1, got {self.samples_per_prompt!r}")
+    if not isinstance(self.stop_text, str):
+      raise InputError(f"rollout.stop_text must be a string (\"\" = none), got {self.stop_text!r}")
     if self.weight_layout not in WEIGHT_LAYOUT_CHOICES:
       raise InputError(f"rollout.weight_layout must be one of {WEIGHT_LAYOUT_CHOICES}, got {self.weight_layout!r}")
     self.sampling(eos_ids=(), pad_id=0)  # validates temperature / top-k / top-p / max_new_tokens

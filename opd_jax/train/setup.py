@@ -21,6 +21,7 @@ from flax import nnx
 
 from opd_jax.crosstok import scoring as crosstok
 from opd_jax.data.problems import get_problems
+from opd_jax.data.stop_tokens import stop_token_ids
 from opd_jax.data.task import Problem
 from opd_jax.errors import InputError
 from opd_jax.models import load_tokenizer, read_hf_config
@@ -81,6 +82,7 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
   if main_served is not None:
     stack.callback(main_served.close)
   eos_ids = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)
+  eos_ids += tuple(i for i in stop_token_ids(tokenizer, spec.rollout.stop_text) if i not in eos_ids)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
   train_problems = get_problems(d.source, "train", d.train_size, d.seed, d.task, d.train_file, d.heldout_file)
