@@ -42,29 +42,23 @@ class BoundaryProbe:
         if x in allowed:
           self.inner.setdefault(a, set()).add(x)
 
-  def candidates(self, prefix: str) -> set[str]:
-    """The probe characters this tokenizer might merge with the end of `prefix`."""
-    return self.inner.get(prefix[-1], set()) if prefix else set()
-
-  def merged(self, prefix: str, probes: list[str]) -> set[str]:
-    """The characters of `probes` after which this tokenizer has no boundary at the end of `prefix`."""
-    if not probes:
-      return set()
-    ids = self.tokenizer([prefix, *[prefix + x for x in probes]], add_special_tokens=False)["input_ids"]
-    base = ids[0]
-    return {x for x, probed in zip(probes, ids[1:]) if probed[:len(base)] != base}
+  def merged(self, prefixes: list[str]) -> list[set[str]]:
+    """Per prefix: the probe characters after which this tokenizer has no boundary at the prefix's end (one
+    tokenizer call for all of them)."""
+    jobs = [(prefix, sorted(self.inner.get(prefix[-1], ()))) if prefix else (prefix, []) for prefix in prefixes]
+    texts = [text for prefix, probes in jobs if probes for text in (prefix, *[prefix + x for x in probes])]
+    ids = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    out = []
+    for prefix, probes in jobs:
+      base = next(ids) if probes else None
+      out.append({x for x in probes if next(ids)[:len(base)] != base})
+    return out
 
 
 def settled(student: BoundaryProbe, teacher: BoundaryProbe, text: str, ends: list[int], teacher_prefix: str = ""
             ) -> set[int]:
   """The boundaries of `ends` (character offsets into the student's response `text`, > 0) that are settled
   (module docstring); the teacher reads `teacher_prefix + text`."""
-  out = set()
-  for e in ends:
-    s_prefix, t_prefix = text[:e], teacher_prefix + text[:e]
-    s_try, t_try = student.candidates(s_prefix), teacher.candidates(t_prefix)
-    probes = sorted(s_try | t_try)
-    if student.merged(s_prefix, [x for x in probes if x in s_try]) == teacher.merged(
-        t_prefix, [x for x in probes if x in t_try]):
-      out.add(e)
-  return out
+  s_merged = student.merged([text[:e] for e in ends])
+  t_merged = teacher.merged([teacher_prefix + text[:e] for e in ends])
+  return {e for e, s, t in zip(ends, s_merged, t_merged) if s == t}
