@@ -62,6 +62,10 @@ def get_config(arg=None):
   c.cross_tokenizer.max_teacher_response_tokens = 64  # Gemma spells English text in fewer tokens than 2x SmolLM2's
 
   c.rollout.max_new_tokens = 32  # a word, or a sentence around it
+  # The answer is its first line (the grader reads the first line; the teacher's answers end at a blank line): a
+  # token that writes a newline ends the student's answer, and is scored as its end against the teacher's "\n\n".
+  # Without it the student learned to write the teacher's end as text and go on (results/gemma3/first_run_seed0).
+  c.rollout.stop_text = "\n"
   c.rollout.split_mismatch = False
   c.objective.name = args.objective  # reverse_kl_pg: the exact span form
   c.optimizer.learning_rate = 5e-5  # Adam: the step size whatever the advantages' scale (SmolLM2's JSD run uses 1e-4)
