@@ -131,16 +131,28 @@ def test_multibyte_characters_split_by_byte_level_tokens():
   assert alignment.student_span == [0, 1, 1, 2] and all(alignment.valid)
 
 
-def test_special_tokens_inside_a_response_end_its_scoring(tokenizers):
-  """A student special token (here <pad>) is chat format, not text: it and everything after it are not scored."""
+def test_special_tokens_and_tokens_that_spell_nothing_are_scored_as_unreadable(tokenizers):
+  """A student special token (here <pad>) is chat format, not text: it joins the last span with the teacher
+  log-prob UNREADABLE_LOGP, and nothing after it is scored. A token that spells nothing (a padded embedding row,
+  id 25 of a 32-row model over an 18-token vocabulary) stays in the span of the text before it, with the same
+  penalty: left free, it would lower the student's log-prob of a span whose teacher log-prob it leaves unchanged."""
+  from opd_jax.crosstok.view import UNREADABLE_LOGP
   view = _view(tokenizers["char"], tokenizers["number"])
   char = tokenizers["char"]
-  ids = char.encode("12", add_special_tokens=False) + [char.pad_token_id] + char.encode("3", add_special_tokens=False)
+  encode = lambda text: char.encode(text, add_special_tokens=False)
+  ids = encode("12") + [char.pad_token_id] + encode("3")
   response = np.zeros((1, 16), np.int32)
   response[0, :4] = ids
   arrays, stats = view.build(np.zeros(1, np.int64), response, (np.arange(16) < 4).astype(np.float32)[None])
-  assert arrays["student_span_BxR"][0, :4].tolist() == [0, 0, UNSCORED, UNSCORED]
-  assert stats["tokens_special"] == 2 and stats["tokens_scored"] == 2
+  assert arrays["student_span_BxR"][0, :4].tolist() == [0, 0, 0, UNSCORED]
+  assert arrays["fixed_logp_BxR"][0, :4].tolist() == [0, 0, np.float32(UNREADABLE_LOGP), 0]
+  assert stats["tokens_special"] == 2 and stats["tokens_scored"] == 3 and stats["tokens_unreadable"] == 1
+  ids = encode("12") + [25] + encode("+3") + [char.eos_token_id]
+  response[0, :6] = ids
+  arrays, stats = view.build(np.zeros(1, np.int64), response, (np.arange(16) < 6).astype(np.float32)[None])
+  assert arrays["student_span_BxR"][0, :6].tolist() == [0, 0, 0, 1, 2, 2]  # 12(25) | + | 3 <eos>
+  assert arrays["fixed_logp_BxR"][0, 2] == np.float32(UNREADABLE_LOGP) and stats["tokens_unreadable"] == 1
+  assert not arrays["fixed_logp_BxR"][0, [0, 1, 3, 4, 5]].any()
 
 
 def test_a_response_prefix_is_teacher_context_not_a_span(tokenizers):
@@ -236,7 +248,10 @@ def test_character_events_marginalize_both_vocabularies(tokenizers):
   assert student[s_id["1"]] == teacher[t_id["12"]] == teacher[t_id["1"]] == teacher[t_id["19"]]
   assert student[s_id["1"]] != teacher[t_id["21"]]
   assert student[s_id["<eos>"]] == teacher[t_id["<eos>"]] and student[s_id["<pad>"]] == teacher[t_id["<pad>"]]
-  assert teacher[t_id["<unk>"]] not in student and count == len(char) + 1
+  assert teacher[t_id["<unk>"]] not in student
+  # a padded row of the student's embedding spells nothing: an event no teacher token is in ("unreadable")
+  student, teacher, count = character_events(char, number, 32, len(number), (char.eos_token_id,), number.eos_token_id)
+  assert len(set(student[len(char):])) == 1 and student[-1] not in teacher and count == len(char) + 2
   assert character_events(char, char, len(char), len(char), (1,), 1) is None
 
 

@@ -9,8 +9,11 @@ whose text starts with c, q_T(c) sums p_T over the teacher's; the objective is K
 writes digits one by one and a teacher that writes "12" as one token then compare P(next character is "1")
 exactly: the teacher's "1", "10", ..., "19" all count for "1". The student's EOS and the teacher's end token are
 one event ("end"); another special token is an event of its own, shared with the other side's token of the same
-spelling; a token whose text does not start with a whole character (a partial UTF-8 byte) is in no event, and
-each side's q is renormalized over the tokens that are.
+spelling; a student token that spells nothing (a padded embedding row) is the event "unreadable", which no teacher
+token is in (q_T = 0, clamped at 1e-30: the student's mass there is penalized, not renormalized away; the span
+form gives such tokens the same log-prob, opd_jax.crosstok.view.UNREADABLE_LOGP); a token whose text does not
+start with a whole character (a partial UTF-8 byte) is in no event, and each side's q is renormalized over the
+tokens that are.
 
 With one vocabulary on both sides nothing is marginalized: `character_events` returns None and the objective is
 today's exact reverse KL over tokens.
@@ -22,10 +25,12 @@ from opd_jax.crosstok.view import special_ids
 
 NO_EVENT = -1
 _END = ("end",)
+_UNREADABLE = ("unreadable",)
 
 
-def _keys(tokenizer, vocab_size: int, end_ids: set[int]) -> list:
-  """Each token id's event key: _END, ("special", spelling), ("char", first character), or None."""
+def _keys(tokenizer, vocab_size: int, end_ids: set[int], student: bool) -> list:
+  """Each token id's event key: _END, ("special", spelling), ("char", first character), _UNREADABLE (a student
+  token that spells nothing), or None."""
   specials, by_id = special_ids(tokenizer), {i: t for t, i in tokenizer.get_vocab().items()}
   keys = []
   for i in range(vocab_size):
@@ -34,10 +39,10 @@ def _keys(tokenizer, vocab_size: int, end_ids: set[int]) -> list:
     elif i in specials:
       keys.append(("special", by_id.get(i)))
     elif i not in by_id:
-      keys.append(None)  # a padded embedding row: no token
+      keys.append(_UNREADABLE if student else None)  # a padded embedding row: no token
     else:
       text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-      keys.append(("char", text[0]) if text and text[0] != "\ufffd" else None)
+      keys.append(("char", text[0]) if text and text[0] != "\ufffd" else _UNREADABLE if student and not text else None)
   return keys
 
 
@@ -48,8 +53,8 @@ def character_events(student_tokenizer, teacher_tokenizer, student_vocab_size: i
   none; None for identical vocabularies. One decode per token (~1 s per 50k tokens)."""
   if student_tokenizer.get_vocab() == teacher_tokenizer.get_vocab():
     return None
-  student = _keys(student_tokenizer, student_vocab_size, set(eos_ids))
-  teacher = _keys(teacher_tokenizer, teacher_vocab_size, set() if teacher_end_id is None else {teacher_end_id})
+  student = _keys(student_tokenizer, student_vocab_size, set(eos_ids), True)
+  teacher = _keys(teacher_tokenizer, teacher_vocab_size, set() if teacher_end_id is None else {teacher_end_id}, False)
   index: dict = {}
   for key in student + teacher:
     if key is not None:

@@ -31,18 +31,19 @@ from opd_jax.objectives.spans import span_total
 def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, *, hidden: bool = False,
                        top_k: int = 0, top_k_temperature: float = 1.0):
   """jit (teacher_state, teacher prompt, valid, teacher response, mask, teacher_span_BxRt, student_span_BxR,
-  teacher_first_BxR) -> Scores on the student's tokens: logp_BxR, each student token's span total of the teacher's
-  log-probs (0 where unscored); with `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where
+  teacher_first_BxR, fixed_logp_BxR) -> Scores on the student's tokens: logp_BxR, each student token's span total of
+  the teacher's log-probs, with the span's fixed log-probs (unreadable student tokens; 0 where unscored); with `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where
   it predicts each span's first teacher token, at the span's first student token (zeros elsewhere): what the
   full-distribution and ULD objectives read."""
   def run(state, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt, teacher_span_BxRt, student_span_BxR,
-          teacher_first_BxR):
+          teacher_first_BxR, fixed_logp_BxR):
     model = nnx.merge(teacher_graphdef, state)
     hidden_BxRtxD = response_hidden(model, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt)
     out = score_tokens(model, hidden_BxRtxD, response_BxRt, temperature=temperature, chunk=logits_chunk,
                        top_k=top_k, top_k_temperature=top_k_temperature)
     at_start = lambda x_BxRtx: _at_student_starts(x_BxRtx, teacher_first_BxR)
-    return Scores(span_total(out["logp"] * mask_BxRt, teacher_span_BxRt, student_span_BxR),
+    return Scores(span_total(out["logp"] * mask_BxRt, teacher_span_BxRt, student_span_BxR)
+                  + span_total(fixed_logp_BxR, student_span_BxR, student_span_BxR),
                   at_start(hidden_BxRtxD) if hidden else None,
                   at_start(out["top_logp"]) if top_k else None, at_start(out["top_ids"]) if top_k else None)
   return jax.jit(run)
@@ -68,7 +69,8 @@ class TeacherTokens:
 def _teacher_inputs(arrays: dict) -> tuple:
   """span_score_program's inputs after the teacher's state, from a CrossTokenizerView.build's arrays."""
   return tuple(arrays[k] for k in ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt", "teacher_response_BxRt",
-                                   "teacher_mask_BxRt", "teacher_span_BxRt", "student_span_BxR", "teacher_first_BxR"))
+                                   "teacher_mask_BxRt", "teacher_span_BxRt", "student_span_BxR", "teacher_first_BxR",
+                                   "fixed_logp_BxR"))
 
 
 class CrossTokenizerScorer:
@@ -97,7 +99,8 @@ class CrossTokenizerScorer:
     put = {k: self.put_batch(v) for k, v in arrays.items()}
     if self.served is not None:  # the teacher's own tokens over the wire, their span totals here
       logp_BxRt = self.served.score(*_teacher_inputs(arrays)[:4])[0]
-      span_logp_BxR = self._span_sums(self.put_batch(logp_BxRt), put["teacher_span_BxRt"], put["student_span_BxR"])
+      span_logp_BxR = (self._span_sums(self.put_batch(logp_BxRt), put["teacher_span_BxRt"], put["student_span_BxR"])
+                       + self._span_sums(put["fixed_logp_BxR"], put["student_span_BxR"], put["student_span_BxR"]))
       return Scores(span_logp_BxR), put["student_span_BxR"]
     return self._program(teacher_state, *_teacher_inputs(put)), put["student_span_BxR"]
 

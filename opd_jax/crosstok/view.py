@@ -7,13 +7,18 @@ prompt (opd_jax.crosstok.formats) followed by `response_prefix` and that text, t
 tokenizer (a teacher token of prefix only is context, in no span), and the two
 tokenizations are aligned into spans (opd_jax.crosstok.align). What is never scored, and counted instead:
   - a span holding a teacher token that is the teacher's unknown token, or no teacher token (`spans_unscorable`);
-  - everything from a student special token inside the response on (chat-format tokens are not text the teacher
+  - everything after a student special token inside the response (chat-format tokens are not text the teacher
     could produce; `tokens_special`);
   - a row whose text the teacher's tokenizer does not spell back exactly (normalization, unknown characters;
     `rows_not_round_tripped`);
   - spans whose teacher tokens run past Rt (`spans_truncated`);
   - the last span of a response cut before its end was settled (a number cut after its first digit), in
     `spans_unscorable`.
+Student tokens the teacher cannot read -- a special token inside the response (the first one), a token that spells
+nothing (a padded embedding row) -- are not free: each one's span gets the teacher log-probability
+UNREADABLE_LOGP on top of its teacher tokens' (`fixed_logp_BxR`; counted as `tokens_unreadable`). Left free, the
+span objectives would reward them: they lower the student's log-prob of a span whose teacher log-prob they leave
+unchanged (pairx's student learned to write padded rows until its answers were gone).
 Shared boundaries where the two tokenizations stand for different events are not span ends
 (opd_jax.crosstok.boundaries; counted as `boundaries_unsettled`).
 A response that ended with one of the student's EOS ids ends with one span more: that EOS token against the
@@ -24,6 +29,8 @@ not scored.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from opd_jax.crosstok.align import UNSCORED, align, shared_ends, token_ends
@@ -31,8 +38,11 @@ from opd_jax.crosstok.boundaries import BoundaryProbe, settled
 from opd_jax.crosstok.formats import TeacherFormat
 from opd_jax.errors import InputError
 
+UNREADABLE_LOGP = math.log(1e-30)  # the teacher's log-prob of a student token it cannot read: what a probability
+# of 0 clamps to in the marginal objectives (opd_jax.objectives.losses.divergence_marginalized)
 STATS = ("spans", "spans_scored", "spans_unscorable", "spans_truncated", "tokens", "tokens_scored",
-         "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped", "boundaries_unsettled")
+         "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped", "boundaries_unsettled",
+         "tokens_unreadable")
 
 
 def _decoder(tokenizer):
@@ -72,6 +82,7 @@ class CrossTokenizerView:
                        f"format, above cross_tokenizer.max_teacher_prompt_tokens={max_prompt}; raise it")
     self._s_decode, self._t_decode = _decoder(student_tokenizer), _decoder(teacher_tokenizer)
     self._s_probe, self._t_probe = BoundaryProbe(student_tokenizer), BoundaryProbe(teacher_tokenizer)
+    self._empty: dict[int, bool] = {}  # student token -> whether it spells nothing
 
   def register_student_prompts(self, prompt_NxP: np.ndarray, valid_NxP: np.ndarray) -> None:
     """The student's encoding of each of `prompts` (data.batching.encode_prompts), so that `lookup` finds a
@@ -93,8 +104,9 @@ class CrossTokenizerView:
     """(arrays, stats): teacher_prompt_BxPt (left-padded) / teacher_prompt_valid_BxPt, teacher_response_BxRt /
     teacher_mask_BxRt (right-padded), teacher_span_BxRt and student_span_BxR (each token's span in its row, or
     UNSCORED), teacher_first_BxR (at the first student token of each scored span: the index of the span's first
-    teacher token, where both models predict the span's start from the same text; UNSCORED elsewhere), and the
-    counts of STATS over the batch."""
+    teacher token, where both models predict the span's start from the same text; UNSCORED elsewhere),
+    fixed_logp_BxR (UNREADABLE_LOGP at each scored token the teacher cannot read, 0 elsewhere: added to its span's
+    teacher log-prob), and the counts of STATS over the batch."""
     B, R = response_BxR.shape
     out = {"teacher_prompt_BxPt": np.zeros((B, self.max_prompt), np.int32),
            "teacher_prompt_valid_BxPt": np.zeros((B, self.max_prompt), bool),
@@ -102,7 +114,8 @@ class CrossTokenizerView:
            "teacher_mask_BxRt": np.zeros((B, self.max_response), np.float32),
            "teacher_span_BxRt": np.full((B, self.max_response), UNSCORED, np.int32),
            "student_span_BxR": np.full((B, R), UNSCORED, np.int32),
-           "teacher_first_BxR": np.full((B, R), UNSCORED, np.int32)}
+           "teacher_first_BxR": np.full((B, R), UNSCORED, np.int32),
+           "fixed_logp_BxR": np.zeros((B, R), np.float32)}
     stats = dict.fromkeys(STATS, 0)
     for b in range(B):
       prompt = self.prompt_ids[int(index_B[b])]
@@ -113,6 +126,11 @@ class CrossTokenizerView:
       self._row(ids, out, b, stats)
     return out, stats
 
+  def _spells_nothing(self, token: int) -> bool:
+    if token not in self._empty:
+      self._empty[token] = self._s_decode([token]) == ""
+    return self._empty[token]
+
   def _row(self, ids: list[int], out: dict, b: int, stats: dict) -> None:
     ended = bool(ids) and ids[-1] in self.eos_ids
     body = ids[:-1] if ended else ids
@@ -120,6 +138,7 @@ class CrossTokenizerView:
     if cut is not None:
       stats["tokens_special"] += len(ids) - cut
       body, ended = body[:cut], False
+    unreadable = [k for k, t in enumerate(body) if self._spells_nothing(t)] + ([cut] if cut is not None else [])
     text = self._s_decode(body)
     # The teacher reads response_prefix + text (e.g. the space its examples put after "A:"), tokenized together so
     # the prefix joins the first word as the teacher's own tokenization does; a teacher token of prefix only is
@@ -151,6 +170,10 @@ class CrossTokenizerView:
       t_ids.append(self.end_id)
     elif not end_settled:  # cut where the next character could still change what the last span means
       valid[-1] = False
+    if cut is not None:  # the special token joins the last span (unreadable: scored below)
+      s_span.append(len(valid) - 1 if valid else UNSCORED)
+    for k in unreadable:  # a token that spells nothing is in the span of the text before it (the first, if none)
+      s_span[k] = s_span[k] if s_span[k] != UNSCORED or not valid else 0
     stats["spans"] += len(valid)
     stats["spans_unscorable"] += len(valid) - sum(valid)
     for j in range(self.max_response, len(t_ids)):  # teacher tokens past Rt: their spans cannot be scored
@@ -168,6 +191,9 @@ class CrossTokenizerView:
       first_teacher.setdefault(span, j)
     starts = [k for k, span in enumerate(s_span) if scored(span) and (k == 0 or s_span[k - 1] != span)]
     out["teacher_first_BxR"][b, starts] = [first_teacher[s_span[k]] for k in starts]
+    unreadable = [k for k in unreadable if scored(s_span[k])]
+    out["fixed_logp_BxR"][b, unreadable] = UNREADABLE_LOGP
+    stats["tokens_unreadable"] += len(unreadable)
     stats["spans_scored"] += sum(valid)
     stats["tokens_scored"] += sum(map(scored, s_span))
     stats["teacher_tokens_scored"] += sum(map(scored, t_span))

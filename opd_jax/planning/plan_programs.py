@@ -108,7 +108,7 @@ def _cross_programs(plan: PlanSpec, t_graphdef, t_params, objective, settings, r
 
   def args(rows_count: int) -> tuple:
     shapes = (((Pt,), jnp.int32), ((Pt,), jnp.bool_), ((Rt,), jnp.int32), ((Rt,), jnp.float32), ((Rt,), jnp.int32),
-              ((R,), jnp.int32), ((R,), jnp.int32))
+              ((R,), jnp.int32), ((R,), jnp.int32), ((R,), jnp.float32))
     return (t_params, *(_abstract((rows_count, *shape), dtype, rows) for shape, dtype in shapes))
 
   score = span_score_program(t_graphdef, settings.rollout.temperature, settings.logits_chunk,
