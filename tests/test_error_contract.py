@@ -34,6 +34,7 @@ CASES = [
     ("train_engine_pages", *TRAIN, "--config.rollout.engine=paged", "--config.rollout.page_size=0",
      "rollout.page_size must be an integer >= 1"),
     ("train_inflight_static", *TRAIN, "--config.rollout.inflight_updates=True", "needs rollout.engine='paged'"),
+    ("train_stop_text_unwritable", *TRAIN, "--config.rollout.stop_text=zz", "rollout.stop_text='zz': no token"),
     ("train_inflight_recipe", *TRAIN, "--config.rollout.engine=paged", "--config.rollout.inflight_updates=True",
      "--config.train.mode=async", "--config.rollout.weights=fp8", "needs rollout.split_mismatch=False"),
     ("train_bad_config_arg", "launch/train.py", "--config=configs/pair1.py:bogus", "--workdir={d}/run",
