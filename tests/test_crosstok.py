@@ -146,7 +146,7 @@ def test_special_tokens_and_tokens_that_spell_nothing_are_scored_as_unreadable(t
   arrays, stats = view.build(np.zeros(1, np.int64), response, (np.arange(16) < 4).astype(np.float32)[None])
   assert arrays["student_span_BxR"][0, :4].tolist() == [0, 0, 0, UNSCORED]
   assert arrays["fixed_logp_BxR"][0, :4].tolist() == [0, 0, np.float32(UNREADABLE_LOGP), 0]
-  assert stats["tokens_special"] == 2 and stats["tokens_scored"] == 3 and stats["tokens_unreadable"] == 1
+  assert stats["tokens_special"] == 1 and stats["tokens_scored"] == 3 and stats["tokens_unreadable"] == 1
   ids = encode("12") + [25] + encode("+3") + [char.eos_token_id]
   response[0, :6] = ids
   arrays, stats = view.build(np.zeros(1, np.int64), response, (np.arange(16) < 6).astype(np.float32)[None])

@@ -136,7 +136,7 @@ class CrossTokenizerView:
     body = ids[:-1] if ended else ids
     cut = next((k for k, t in enumerate(body) if t in self.specials), None)
     if cut is not None:
-      stats["tokens_special"] += len(ids) - cut
+      stats["tokens_special"] += len(ids) - cut - 1  # the tokens after it (it is scored, as unreadable)
       body, ended = body[:cut], False
     unreadable = [k for k, t in enumerate(body) if self._spells_nothing(t)] + ([cut] if cut is not None else [])
     text = self._s_decode(body)
