@@ -242,15 +242,17 @@ def test_character_events_marginalize_both_vocabularies(tokenizers):
   """The teacher's "12" and "1" and the student's "1" are one event (next character "1"); both EOS are "end"; <pad>
   is shared by spelling; the teacher's <unk> is its own. One vocabulary on both sides: no events (token KL)."""
   char, number = tokenizers["char"], tokenizers["number"]
-  student, teacher, count = character_events(char, number, len(char), len(number), (char.eos_token_id,),
-                                             number.eos_token_id)
+  student, teacher, count, shifted = character_events(char, number, len(char), len(number), (char.eos_token_id,),
+                                                      number.eos_token_id)
+  assert shifted is None  # no response prefix
   s_id, t_id = char.get_vocab(), number.get_vocab()
   assert student[s_id["1"]] == teacher[t_id["12"]] == teacher[t_id["1"]] == teacher[t_id["19"]]
   assert student[s_id["1"]] != teacher[t_id["21"]]
   assert student[s_id["<eos>"]] == teacher[t_id["<eos>"]] and student[s_id["<pad>"]] == teacher[t_id["<pad>"]]
   assert teacher[t_id["<unk>"]] not in student
   # a padded row of the student's embedding spells nothing: an event no teacher token is in ("unreadable")
-  student, teacher, count = character_events(char, number, 32, len(number), (char.eos_token_id,), number.eos_token_id)
+  student, teacher, count, _ = character_events(char, number, 32, len(number), (char.eos_token_id,),
+                                                number.eos_token_id)
   assert len(set(student[len(char):])) == 1 and student[-1] not in teacher and count == len(char) + 2
   assert character_events(char, char, len(char), len(char), (1,), 1) is None
 
@@ -274,6 +276,50 @@ def test_marginalized_and_uld_divergences():
   top = lambda logits: jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), 4)[0]
   np.testing.assert_allclose(np.asarray(losses.divergence_uld(student, top(student[..., ::-1]), 1.0)), 0, atol=1e-6)
   assert float(jnp.min(losses.divergence_uld(student, top(teacher), 1.0))) > 0
+
+
+def _space_merging_tokenizer(out_dir: str):
+  """A teacher tokenizer that writes a space together with the token after it (" 12", " +"), as SentencePiece
+  writes "▁The": two-digit numbers and single characters, each also with a leading space."""
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+  from opd_jax.data.char_tokenizer import CHARS
+  words = [f"{a}{b}" for a in "0123456789" for b in "0123456789"] + [c for c in CHARS if c != " "]
+  vocab = {"<pad>": 0, "<unk>": 1, "<eos>": 2, " ": 3}
+  for w in words:
+    vocab.setdefault(w, len(vocab))
+    vocab.setdefault(" " + w, len(vocab))
+  backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  backend.pre_tokenizer = pre_tokenizers.Split(Regex(r" ?\d\d| ?[^ ]| "), behavior="isolated")
+  backend.decoder = decoders.Fuse()
+  PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+                          ).save_pretrained(out_dir)
+  return load_tokenizer(out_dir)
+
+
+def test_a_teacher_token_that_merged_the_response_prefix_is_read_after_the_prefix(tokenizers, tmp_path):
+  """With response_prefix " " the teacher's first token is " 12": its next-character event there is "1" (the
+  character after the prefix), not " ". The view marks that position (after_prefix_BxR) and the marginal
+  divergence reads the fourth table there: a teacher sure of " 12" and a student sure of "1" agree (KL 0)."""
+  char = tokenizers["char"]
+  teacher = _space_merging_tokenizer(str(tmp_path / "space"))
+  assert teacher.convert_ids_to_tokens(teacher.encode(" 12+3", add_special_tokens=False)) == [" 12", "+", "3"]
+  view = _view(char, teacher, response_prefix=" ")
+  arrays, _ = _row(view, "12+3")
+  assert arrays["after_prefix_BxR"][0, :5].tolist() == [1, 0, 0, 0, 0]
+  arrays, _ = _row(_view(char, tokenizers["number"], response_prefix=" "), "12+3")  # " " is its own token
+  assert not arrays["after_prefix_BxR"].any()
+  events = character_events(char, teacher, len(char), len(teacher), (char.eos_token_id,), teacher.eos_token_id, " ")
+  student_events, teacher_events, count, shifted = events
+  s_id, t_id = char.get_vocab(), teacher.get_vocab()
+  assert shifted[t_id[" 12"]] == student_events[s_id["1"]] == teacher_events[t_id["12"]]
+  assert teacher_events[t_id[" 12"]] == student_events[s_id[" "]] and shifted[t_id["12"]] == -1
+  sure = lambda index, size: jnp.where(jnp.arange(size) == index, 30.0, 0.0)[None, None]
+  table = tuple(jnp.asarray(e) for e in (student_events, teacher_events)) + (count, jnp.asarray(shifted))
+  student_logits, teacher_logits = sure(s_id["1"], len(char)), sure(t_id[" 12"], len(teacher))
+  kl = lambda flag: float(losses.divergence_marginalized(student_logits, teacher_logits, table, 1.0,
+                                                         jnp.full((1, 1), flag))[0, 0])
+  assert kl(1.0) < 1e-6 and kl(0.0) > 10
 
 
 def test_a_spans_later_tokens_take_the_span_policy_gradient_under_vocabulary_objectives():
@@ -323,6 +369,8 @@ def _config(tiny_pair, teacher, **overrides):
 @pytest.mark.parametrize("objective", ["reverse_kl_pg", "reverse_kl", "uld"])
 def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path, objective):
   config = _config(tiny_pair, number_teacher, **{"train.steps": 3, "train.eval_every": 3, "objective.name": objective})
+  if objective == "reverse_kl":  # with a response prefix: the marginal form's prefix table reaches the train step
+    config.cross_tokenizer.teacher_response_prefix = " "
   train(config, str(tmp_path))
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]

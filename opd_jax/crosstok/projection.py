@@ -17,6 +17,13 @@ tokens that are.
 
 With one vocabulary on both sides nothing is marginalized: `character_events` returns None and the objective is
 today's exact reverse KL over tokens.
+
+A response prefix the teacher reads before the student's text (cross_tokenizer.teacher_response_prefix, e.g. the
+space after "A:") may merge with the text's first characters into the teacher's first token ("▁The"). At that
+position the teacher's next token begins with the prefix, so its event is the character after it: a fourth
+table maps each teacher token that starts with the prefix to the character that follows it (a token that is the
+prefix alone, or does not start with it, in no event), used where a row's first teacher token merged the prefix
+(opd_jax.crosstok.view, `after_prefix_BxR`).
 """
 
 from __future__ import annotations
@@ -46,18 +53,35 @@ def _keys(tokenizer, vocab_size: int, end_ids: set[int], student: bool) -> list:
   return keys
 
 
+def _after_prefix(tokenizer, vocab_size: int, keys: list, prefix: str) -> list:
+  """Each teacher token's event key where its text must begin with `prefix`: the character after the prefix;
+  ends and specials as in `keys`; None for the rest."""
+  by_id = {i: t for t, i in tokenizer.get_vocab().items()}
+  out = []
+  for i, key in zip(range(vocab_size), keys):
+    if key is None or key[0] != "char":
+      out.append(key)
+      continue
+    text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) if i in by_id else ""
+    rest = text[len(prefix):] if text.startswith(prefix) else ""
+    out.append(("char", rest[0]) if rest and rest[0] != "\ufffd" else None)
+  return out
+
+
 def character_events(student_tokenizer, teacher_tokenizer, student_vocab_size: int, teacher_vocab_size: int,
-                     eos_ids: tuple[int, ...], teacher_end_id: int | None
-                     ) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
-  """(event of each student token id, event of each teacher token id, number of events), NO_EVENT for a token in
-  none; None for identical vocabularies. One decode per token (~1 s per 50k tokens)."""
+                     eos_ids: tuple[int, ...], teacher_end_id: int | None, teacher_prefix: str = ""
+                     ) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[int, ...] | None] | None:
+  """(event of each student token id, event of each teacher token id, number of events, event of each teacher
+  token id after `teacher_prefix` or None without one), NO_EVENT for a token in none; None for identical
+  vocabularies. One decode per token (~1 s per 50k tokens; twice with a prefix)."""
   if student_tokenizer.get_vocab() == teacher_tokenizer.get_vocab():
     return None
   student = _keys(student_tokenizer, student_vocab_size, set(eos_ids), True)
   teacher = _keys(teacher_tokenizer, teacher_vocab_size, set() if teacher_end_id is None else {teacher_end_id}, False)
+  shifted = _after_prefix(teacher_tokenizer, teacher_vocab_size, teacher, teacher_prefix) if teacher_prefix else None
   index: dict = {}
-  for key in student + teacher:
+  for key in student + teacher + (shifted or []):
     if key is not None:
       index.setdefault(key, len(index))
   event = lambda keys: tuple(NO_EVENT if key is None else index[key] for key in keys)
-  return event(student), event(teacher), len(index)
+  return event(student), event(teacher), len(index), None if shifted is None else event(shifted)

@@ -104,6 +104,13 @@ class CrossTokenizerScorer:
       return Scores(span_logp_BxR), put["student_span_BxR"]
     return self._program(teacher_state, *_teacher_inputs(put)), put["student_span_BxR"]
 
+  def after_prefix(self):
+    """The latest batch's after_prefix_BxR (opd_jax.crosstok.view) on the learner's layout, for the marginal form
+    with a response prefix (`projection` has its fourth table); None otherwise."""
+    if self.projection is None or self.projection[3] is None:
+      return None
+    return self.put_batch(self.last_arrays["after_prefix_BxR"])
+
   def teacher_batch(self) -> "TeacherTokens":
     """The latest batch as the teacher read it (prompt, valid, response, mask on the host): what a served teacher's
     preflight compares with the checkpoint's own scoring."""
@@ -180,5 +187,5 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
   scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective, served)
   if objective.needs_teacher_hidden:
     scorer.projection = character_events(student_tokenizer, view.teacher, student_vocab_size,
-                                         teacher_vocab_size, eos_ids, view.end_id)
+                                         teacher_vocab_size, eos_ids, view.end_id, view.prefix)
   return scorer, SpanKL(view, student_graphdef, teacher_graphdef, logits_chunk, put_batch)

@@ -106,7 +106,8 @@ class CrossTokenizerView:
     UNSCORED), teacher_first_BxR (at the first student token of each scored span: the index of the span's first
     teacher token, where both models predict the span's start from the same text; UNSCORED elsewhere),
     fixed_logp_BxR (UNREADABLE_LOGP at each scored token the teacher cannot read, 0 elsewhere: added to its span's
-    teacher log-prob), and the counts of STATS over the batch."""
+    teacher log-prob), after_prefix_BxR (1 at a row's first student token where the teacher's first token holds the
+    whole response prefix and the text's first characters), and the counts of STATS over the batch."""
     B, R = response_BxR.shape
     out = {"teacher_prompt_BxPt": np.zeros((B, self.max_prompt), np.int32),
            "teacher_prompt_valid_BxPt": np.zeros((B, self.max_prompt), bool),
@@ -115,7 +116,8 @@ class CrossTokenizerView:
            "teacher_span_BxRt": np.full((B, self.max_response), UNSCORED, np.int32),
            "student_span_BxR": np.full((B, R), UNSCORED, np.int32),
            "teacher_first_BxR": np.full((B, R), UNSCORED, np.int32),
-           "fixed_logp_BxR": np.zeros((B, R), np.float32)}
+           "fixed_logp_BxR": np.zeros((B, R), np.float32),
+           "after_prefix_BxR": np.zeros((B, R), np.float32)}
     stats = dict.fromkeys(STATS, 0)
     for b in range(B):
       prompt = self.prompt_ids[int(index_B[b])]
@@ -150,6 +152,10 @@ class CrossTokenizerView:
       return
     t_end = [None if e is None else e - shift for e in token_ends(self._t_decode, t_ids, t_text)]
     context = [e is not None and e <= 0 for e in t_end]
+    # the teacher's first token of text merged the whole prefix ("▁The" for " " + "The"): the marginal form reads
+    # the character after the prefix there (opd_jax.crosstok.projection)
+    first = next((j for j, c in enumerate(context) if not c), None)
+    merged = shift > 0 and first == 0
     end_settled = True
     if text:
       s_end, t_end = token_ends(self._s_decode, body, text), [None if c else e for c, e in zip(context, t_end)]
@@ -191,6 +197,8 @@ class CrossTokenizerView:
       first_teacher.setdefault(span, j)
     starts = [k for k, span in enumerate(s_span) if scored(span) and (k == 0 or s_span[k - 1] != span)]
     out["teacher_first_BxR"][b, starts] = [first_teacher[s_span[k]] for k in starts]
+    if merged and starts[:1] == [0] and first_teacher[s_span[0]] == 0:
+      out["after_prefix_BxR"][b, 0] = 1.0
     unreadable = [k for k in unreadable if scored(s_span[k])]
     out["fixed_logp_BxR"][b, unreadable] = UNREADABLE_LOGP
     stats["tokens_unreadable"] += len(unreadable)

@@ -148,7 +148,8 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
       rows, batch=B, prompt=P, response=plan.response_tokens,
       teacher_hidden=(plan.teacher.hidden_size, jnp.dtype(t_options["dtype"])) if objective.needs_teacher_hidden
       else None, teacher_k=objective.top_k if objective.needs_teacher_topk else 0, sampler_k=K, snapshot=split,
-      span=plan.run.cross.enabled)
+      span=plan.run.cross.enabled, after_prefix=plan.run.cross.enabled and objective.needs_teacher_hidden
+      and bool(plan.run.cross.teacher_response_prefix))
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))

@@ -69,14 +69,17 @@ class RolloutBatch:
   teacher_route_BxN: jax.Array | None = None  # multi-teacher runs: one-hot float of each row's teacher
   version_lag_BxR: jax.Array | None = None  # in-flight updates: learner step - the version that drew each token
   span_BxR: jax.Array | None = None  # cross-tokenizer runs: each token's span in its row (LossInputs.span_BxR)
+  # cross-tokenizer marginal form: 1 where the teacher's token merged its response prefix (opd_jax.crosstok.view)
+  after_prefix_BxR: jax.Array | None = None
 
   @classmethod
   def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
-               teacher_k: int, sampler_k: int, snapshot: bool, span: bool = False) -> "RolloutBatch":
+               teacher_k: int, sampler_k: int, snapshot: bool, span: bool = False,
+               after_prefix: bool = False) -> "RolloutBatch":
     """The batch's shapes and dtypes (jax.ShapeDtypeStruct, rows sharded by `rows`), for compiling a step before
     any rollout exists (the memory planner). teacher_hidden: (D, dtype) for exact vocabulary objectives;
     teacher_k / sampler_k: top-k widths (0 = absent); snapshot: the mismatch split's snapshot log-probs; span: a
-    cross-tokenizer teacher's spans."""
+    cross-tokenizer teacher's spans; after_prefix: the marginal form's response-prefix positions."""
     def a(shape, dtype):
       return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rows)
     B, P, R = batch, prompt, response
@@ -90,7 +93,8 @@ class RolloutBatch:
         sampler_top_logprobs_BxRxK=a((B, R, sampler_k), jnp.float32) if sampler_k else None,
         sampler_top_ids_BxRxK=a((B, R, sampler_k), jnp.int32) if sampler_k else None,
         snapshot_logp_BxR=a((B, R), jnp.float32) if snapshot else None,
-        span_BxR=a((B, R), jnp.int32) if span else None)
+        span_BxR=a((B, R), jnp.int32) if span else None,
+        after_prefix_BxR=a((B, R), jnp.float32) if after_prefix else None)
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
@@ -120,6 +124,8 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
             "tokens": batch.response_BxR}
   if objective.needs_teacher_hidden:
     arrays["teacher_hidden"] = batch.teacher_hidden_BxRxD
+    if batch.after_prefix_BxR is not None:
+      arrays["after_prefix"] = batch.after_prefix_BxR
   if objective.needs_teacher_topk:
     arrays["teacher_top_logp"] = batch.teacher_top_logprobs_BxRxK
     arrays["teacher_top_ids"] = batch.teacher_top_ids_BxRxK
@@ -134,7 +140,8 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
     if objective.needs_teacher_hidden:
       teacher_logits_BxCxV = jax.lax.stop_gradient(teacher.logits(x["teacher_hidden"]))
       out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if events is None
-                           else divergence_marginalized(logits_BxCxV, teacher_logits_BxCxV, events, t))
+                           else divergence_marginalized(logits_BxCxV, teacher_logits_BxCxV, events, t,
+                                                        x.get("after_prefix")))
     if objective.name == "uld":
       out["divergence"] = divergence_uld(logits_BxCxV, x["teacher_top_logp"], t)
     elif objective.needs_teacher_topk:
@@ -175,8 +182,9 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   vocab_metrics = mismatch_metrics and batch.sampler_top_logprobs_BxRxK is not None
   advantage_B = None if batch.reward_B is None else group_advantages(batch.reward_B, objective.group_size)
   token_count = jnp.sum(mask)
-  events = None if projection is None else (jnp.asarray(projection[0], jnp.int32),
-                                            jnp.asarray(projection[1], jnp.int32), projection[2])
+  events = None if projection is None else (
+      jnp.asarray(projection[0], jnp.int32), jnp.asarray(projection[1], jnp.int32), projection[2],
+      None if len(projection) < 4 or projection[3] is None else jnp.asarray(projection[3], jnp.int32))
   forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
                               vocab_metrics, events)
   loss, aux, grads, per_token = _gradients(forward, objective, state.params, batch, advantage_B, token_count, M)
