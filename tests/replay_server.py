@@ -3,10 +3,10 @@
   python tests/replay_server.py --responses=FILE.json [--max_requests=N]
 
 FILE maps "METHOD /path" to {"status": code, "body": json} (or a list of them, answered in turn, the last one
-repeated); an answer with "cut": true announces its whole body but sends half of it and closes the connection, as
-a server killed mid-answer does. Prints "serving replay at http://127.0.0.1:PORT/v1" once it listens on a free port, answers at most
-N requests (a bounded loop), then exits; the test stops it either way, and it stops itself once the process that
-started it is gone (opd_jax/serving/processes.py: exit_with_parent).
+repeated); an answer with "cut": true announces its whole body but sends half of it and closes the connection,
+as a server killed mid-answer does. Prints "serving replay at http://127.0.0.1:PORT/v1" once it listens on a
+free port, answers at most N requests (a bounded loop), then exits; the test stops it either way, and it stops
+itself once the process that started it is gone (opd_jax/serving/processes.py: exit_with_parent).
 """
 
 import argparse

@@ -23,7 +23,8 @@ from __future__ import annotations
 import string
 
 # Probe characters: printable ASCII, newline and tab, and the Latin-1 letters (accented Latin text).
-PROBES = "".join(sorted(set(string.printable) - set("\r\x0b\x0c") | {chr(c) for c in range(0xC0, 0x100)} - {"×", "÷"}))
+_LATIN1_LETTERS = {chr(c) for c in range(0xC0, 0x100)} - {"×", "÷"}
+PROBES = "".join(sorted(set(string.printable) - set("\r\x0b\x0c") | _LATIN1_LETTERS))
 
 
 class BoundaryProbe:

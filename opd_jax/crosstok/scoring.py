@@ -32,9 +32,10 @@ def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, 
                        top_k: int = 0, top_k_temperature: float = 1.0):
   """jit (teacher_state, teacher prompt, valid, teacher response, mask, teacher_span_BxRt, student_span_BxR,
   teacher_first_BxR, fixed_logp_BxR) -> Scores on the student's tokens: logp_BxR, each student token's span total of
-  the teacher's log-probs, with the span's fixed log-probs (unreadable student tokens; 0 where unscored); with `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where
-  it predicts each span's first teacher token, at the span's first student token (zeros elsewhere): what the
-  full-distribution and ULD objectives read."""
+  the teacher's log-probs plus the span's fixed log-probs (unreadable student tokens; 0 where unscored); with
+  `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where it predicts each span's first
+  teacher token, at the span's first student token (zeros elsewhere): what the full-distribution and ULD
+  objectives read."""
   def run(state, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt, teacher_span_BxRt, student_span_BxR,
           teacher_first_BxR, fixed_logp_BxR):
     model = nnx.merge(teacher_graphdef, state)

@@ -9,9 +9,9 @@ returns of a batch (the sampled tokens' log-probs [B, R], and the top-k [B, R, K
 Requests: the batch is cut into requests of `rows_per_request` rows, at most `max_in_flight` of them at once
 (threads; the server batches each request's rows into one jitted call). Each request has a `timeout_s`.
 
-Failures: a refused connection, a timeout, a response cut short, HTTP 429 or 5xx is an outage: the request is retried with
-exponential backoff (0.25 s doubling to 8 s) and the batch waits, so no step and no rollout is lost. The first
-failure of an outage prints one warning line (`warn`); if the server has not answered for `retry_for_s`, the
+Failures: a refused connection, a timeout, a response cut short, HTTP 429 or 5xx is an outage: the request is
+retried with exponential backoff (0.25 s doubling to 8 s) and the batch waits, so no step and no rollout is lost.
+The first failure of an outage prints one warning line (`warn`); if the server has not answered for `retry_for_s`, the
 run stops with `TrainingStopped` (launch/train.py: one `error:` line, exit 1, the last checkpoint kept). Any other
 HTTP error (a request the server refuses: 4xx) and any malformed response are refused at once with one line
 naming the field (`TeacherResponseError`, exit 2): a retry would get the same answer.

@@ -11,6 +11,7 @@ from opd_jax.experiments.files import read_jsonl
 from study.tables.markdown import md_table
 
 SOURCES: dict[str, str] = {}
+PER_SPAN = "cross_tokenizer/student_tokens_per_span"
 TITLE = "cross-tokenizer objectives (pairx, 700 steps)"
 # The objective each point of configs/sweeps/cross_tokenizer.py trains, in the table's words.
 OBJECTIVES = {"baseline": "reverse_kl: next-character marginals at span starts", "span_pg": "reverse_kl_pg: span form",
@@ -39,7 +40,7 @@ def comparison_table(rows: list[dict]) -> str:
                  f"{mine[0]['initial_accuracy']:.3f} / {mine[0]['cross_tokenizer']['initial_span_reverse_kl']:.3f}",
                  ", ".join(f"{a:.3f}" for a in accuracy), _mean(accuracy),
                  ", ".join(f"{k:.3f}" for k in span_kl), _mean(span_kl),
-                 f"{sum(r['cross_tokenizer']['cross_tokenizer/student_tokens_per_span'] for r in mine) / len(mine):.2f}"])
+                 f"{sum(r['cross_tokenizer'][PER_SPAN] for r in mine) / len(mine):.2f}"])
   return md_table(["objective", "seeds", "start: accuracy / span KL", "final accuracy per seed",
                    "seed mean [95% t-interval]", "final span KL per seed", "seed mean [95% t-interval]",
                    "student tokens per span (run mean)"], body)
