@@ -117,3 +117,23 @@ def test_admission_staleness_grows_with_lag(tiny_pair, cal):
   config.rollout.max_new_tokens = 12
   k3 = [measure_candidate(cal, screening_spec(config), RolloutConfig(max_new_tokens=12, staleness_steps=s))["k3"] for s in (0, 1, 3)]
   assert k3[0] < 1e-6 < k3[1] < k3[2]
+
+
+@pytest.mark.slow
+def test_lagged_versions_keep_holds_only_the_offsets_asked_for(tiny_pair, cal):
+  """keep={0, 3} holds two weight copies, equal to the ones every offset's run holds (the same updates)."""
+  import jax
+  import numpy as np
+  from opd_jax.screening.admission import lagged_versions
+  config = common.base_config("tiny")
+  config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
+  config.rollout.max_new_tokens = 12
+  spec = screening_spec(config)
+  every = lagged_versions(cal, spec, 3)
+  kept = lagged_versions(cal, spec, 3, keep={0, 3})
+  assert [v is None for v in kept] == [False, True, True, False] and all(v is not None for v in every)
+  for i in (0, 3):
+    for a, b in zip(jax.tree.leaves(every[i]), jax.tree.leaves(kept[i])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+             for a, b in zip(jax.tree.leaves(every[0]), jax.tree.leaves(every[3])))

@@ -29,9 +29,10 @@ from opd_jax.train.rollouts import RolloutProducer
 from opd_jax.train.step import TrainState, train_step
 
 
-def lagged_versions(cal: Calibration, spec: RunSpec, updates: int, seed: int = 0) -> list:
+def lagged_versions(cal: Calibration, spec: RunSpec, updates: int, seed: int = 0, keep=None) -> list:
   """Learner parameters at burn-in + 0, 1, ..., `updates` OPD steps (exact sampler, the run's objective and
-  optimizer)."""
+  optimizer). keep: the offsets to hold (None: all); the others are None, so a lag of 32 on a real model holds two
+  copies of the weights, not 33."""
   objective = spec.objective
   o = spec.optimizer
   schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
@@ -51,10 +52,10 @@ def lagged_versions(cal: Calibration, spec: RunSpec, updates: int, seed: int = 0
   prompts = {"prompt_BxP": cal.prompt_BxP, "prompt_valid_BxP": cal.valid_BxP}
   for i in range(burn_in + updates):
     if i >= burn_in:
-      versions.append(state.params)
+      versions.append(state.params if keep is None or i - burn_in in keep else None)
     batch = producer.produce(i, i, {"sampler": state.params}, prompts)  # an exact sampler
     state, _ = step(state, batch, cal.teacher_state)
-  versions.append(state.params)
+  versions.append(state.params if keep is None or updates in keep else None)
   return versions
 
 
@@ -66,7 +67,7 @@ def measure_candidate(cal: Calibration, spec: RunSpec, rollout: RolloutConfig, s
   if s == 0:
     return cal.measure(rollout, key)
   if versions is None or len(versions) <= s:
-    versions = lagged_versions(cal, spec, s, seed)
+    versions = lagged_versions(cal, spec, s, seed, keep={0, s})
   fresh = dataclasses.replace(rollout, staleness_steps=0)
   return cal.measure(fresh, key, sampler_params=versions[0], learner_params=versions[s])
 

@@ -136,7 +136,7 @@ def screen(cal: Calibration, spec: RunSpec, candidates: list[Candidate], budget_
   lag_seconds, versions = 0.0, None
   if longest:
     start = time.perf_counter()
-    versions = admission.lagged_versions(cal, spec, longest, seed)
+    versions = admission.lagged_versions(cal, spec, longest, seed, keep={0} | {r.staleness_steps for r in rollouts})
     lag_seconds = time.perf_counter() - start
   reference = capacity(shape, RolloutConfig(weights="bf16", kv_cache="bf16"), device_bytes)["kv_tokens"]
   rows = []
