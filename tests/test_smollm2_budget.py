@@ -27,3 +27,65 @@ def test_the_sweep_trains_the_short_run_and_names_other_lengths():
   assert campaign.get_config("steps=300").name == "smollm2_budget[steps=300]"
   recipe = dict(campaign.CALIBRATION)["w_fp8_recipe"]
   assert recipe[0][0] == "rollout.weight_rules" and recipe[0][1][-1][1] == "fp8_e4m3"
+
+
+def test_the_validation_plan_is_the_pre_registered_one():
+  from study.analysis import heldout
+  plan = heldout.plan_for("smollm2")
+  assert plan.pool == campaign.HELDOUT_POOL and plan.seeds == campaign.HELDOUT_SEEDS == (3, 4)
+  assert (plan.steps, plan.near_count, plan.far_count, plan.rule) == (100, 3, 2, campaign.HELDOUT_RULE)
+  assert plan.budget == "results/smollm2/budget.json" and not plan.strict
+  # Only calibration's runs are excluded, and they trained none of the pool (the rule screens it whole).
+  assert plan.trained_in == "smollm2/campaign/smollm2_budget_seed*.jsonl"
+  names = [heldout.point_name(o) for o in plan.pool]
+  assert len(set(names)) == len(names) == len(plan.pool)
+
+
+def _screen(ratios: dict, budget_file: dict, steps: int) -> dict:
+  """A synthetic smollm2 screen whose candidates compare at `ratios` x the budget ({name: ratio})."""
+  from opd_jax.screening import admission
+  unit = admission.admit_value(1.0, budget_file, "smollm2", steps)
+  rows = [{"candidate": name, "overrides": {"noise_sigma": 0.1} if name.startswith("noise") else {"weights": name},
+           "measured": ratio * unit["budget"] / unit["compared"]} for name, ratio in ratios.items()]
+  return {"pair": "smollm2", "rows": rows}
+
+
+def test_the_rule_picks_five_and_reports_a_missing_group_as_it_is():
+  import os
+  from study.analysis import heldout
+  from opd_jax.experiments.files import read_budget
+  plan = heldout.plan_for("smollm2")
+  budget_file = read_budget(os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "budget.json"))
+  ratios = {"noise_a": 0.95, "near_real": 1.4, "noise_b": 1.05, "low": 0.2, "lower": 0.1, "high": 5.0}
+  picked = [p["name"] for p in heldout.select_pair(_screen(ratios, budget_file, plan.steps), budget_file, plan)]
+  assert picked == ["noise_a", "near_real", "noise_b", "low", "high"]
+  # Nothing far above: the far part is the first far-below alone, not filled from the other side.
+  ratios = {"noise_a": 0.95, "near_real": 1.4, "noise_b": 1.05, "low": 0.2, "lower": 0.1}
+  picked = [p["name"] for p in heldout.select_pair(_screen(ratios, budget_file, plan.steps), budget_file, plan)]
+  assert picked == ["noise_a", "near_real", "noise_b", "low"]
+  import pytest
+  from opd_jax.errors import InputError
+  with pytest.raises(InputError, match="0 far above"):  # the embedded plan's rule stays strict
+    heldout.select_pair(_screen(ratios, budget_file, 150), budget_file)
+
+
+def test_the_validation_sweep_trains_the_selection_at_heldout_seeds(tmp_path, monkeypatch):
+  import json
+  import pytest
+  from configs.sweeps import smollm2_validation as sweep
+  selected = tmp_path / "selected.json"
+  monkeypatch.setattr(sweep, "SELECTED", str(selected))
+  with pytest.raises(ValueError, match="screen and select first"):
+    sweep.get_config("seed=3")
+  selected.write_text(json.dumps({"points": {"smollm2": [
+      {"name": "w_int8", "overrides": {"rollout.weights": "int8"}},
+      {"name": "noise_0.05", "overrides": {"rollout.noise_sigma": 0.05}}]}}))
+  c = sweep.get_config("seed=4")
+  base = dict(c.base_overrides)
+  assert c.pairs == ("smollm2",) and (base["seed"], base["train.steps"]) == (4, campaign.SHORT_STEPS)
+  assert base["train.eval_sampled"] and base["train.eval_size"] == 96
+  assert [n for n, _ in c.points] == ["baseline", "w_int8", "noise_0.05"] and dict(c.points)["baseline"] == ()
+  for bad, match in (("seed=0", "seeds"), ("seed=1", "seeds"), ("seed=3,steps=300", "leave them out"),
+                     ("seed=3,pairs=pair1", "real pair")):
+    with pytest.raises(ValueError, match=match):
+      sweep.get_config(bad)

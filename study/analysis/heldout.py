@@ -16,6 +16,10 @@ k3 it compares (step-0 k3 / the pair's k3 factor) and the budget it compares it 
 
 Readout baseline (`calibration_constant`): the constant threshold on that compared k3 fitted on the calibration
 points only, reported beside the shipped rule, reject-all and admit-all.
+
+Plans (`Plan`, `PLANS`): the embedded pairs' validation above (`EMBEDDED`), and the real pair's
+(`smollm2_plan()`: configs/sweeps/smollm2_budget.py's pool, rule, seeds and run length, judged against
+results/smollm2/budget.json). Every function below takes the plan it works for; the default is `EMBEDDED`.
 """
 
 from __future__ import annotations
@@ -74,6 +78,52 @@ def candidate_pool() -> list[dict]:
   return pool
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """One pre-registered held-out validation: what it screens, the rule that selects, what the runs train."""
+  name: str
+  pairs: tuple[str, ...]
+  pool: tuple[dict, ...]  # rollout overrides (RolloutConfig field names), in a fixed order
+  seeds: tuple[int, ...]  # the validation sweep's seeds
+  steps: int  # the run length the budget is read at (and the sweep trains)
+  near_count: int  # points picked per pair within x/÷ `near` of the budget ...
+  far_count: int  # ... and outside that band
+  budget: str  # the budget file admission judges with (repo-relative)
+  out_dir: str  # the screens and the selection (repo-relative)
+  similar: tuple[str, ...]  # results files of runs like the sweep's, for its cost estimate
+  trained_in: str  # glob under results/: the runs a candidate must not repeat
+  rule: str
+  strict: bool = True  # a missing group is an error (else the selection is what the screen has)
+  prompts: int = PROMPTS
+  screen_seed: int = SCREEN_SEED
+  near: float = NEAR
+
+
+EMBEDDED = Plan(
+    "embedded", PAIRS, tuple(candidate_pool()), SEEDS, STEPS, NEAR_PER_PAIR, FAR_PER_PAIR, "results/budget.json",
+    "results/validation_heldout", tuple(f"results/pair_budgets_seed{s}.jsonl" for s in range(3)), "**/*.jsonl", RULE)
+
+
+def smollm2_plan() -> Plan:
+  """The real pair's validation, as configs/sweeps/smollm2_budget.py pre-registered it: its HELDOUT_POOL screened
+  whole (the rule excludes only what calibration trained: none, by construction), 3 near and 2 far."""
+  from configs.sweeps import smollm2_budget as campaign
+  return Plan("smollm2", ("smollm2",), tuple(campaign.HELDOUT_POOL), tuple(campaign.HELDOUT_SEEDS),
+              campaign.SHORT_STEPS, 3, 2, "results/smollm2/budget.json", "results/smollm2/validation",
+              tuple(f"results/smollm2/campaign/smollm2_budget_seed{s}.jsonl" for s in campaign.SEEDS),
+              "smollm2/campaign/smollm2_budget_seed*.jsonl", campaign.HELDOUT_RULE, strict=False)
+
+
+PLANS = {"embedded": lambda: EMBEDDED, "smollm2": smollm2_plan}
+
+
+def plan_for(name: str) -> Plan:
+  if name not in PLANS:
+    raise InputError(f"no held-out validation plan {name!r}; the plans are {sorted(PLANS)}")
+  return PLANS[name]()
+
+
+
 def point_name(overrides: dict) -> str:
   """w_int4e_kv_int8_stale_4, noise_0.135, ..."""
   parts = []
@@ -114,11 +164,11 @@ def _rollout_of(row: dict, base_rollout: dict) -> dict:
   return {**base_rollout, **given}
 
 
-def shipped_rows(results_dir: str, skip: str | None = None) -> dict[str, list[dict]]:
-  """{path: rows} of every results JSONL under `results_dir` with sweep rows (pair and point), except under `skip`
-  (the validation's own directory)."""
+def shipped_rows(results_dir: str, skip: str | None = None, pattern: str = "**/*.jsonl") -> dict[str, list[dict]]:
+  """{path: rows} of every results JSONL under `results_dir` matching `pattern` with sweep rows (pair and point),
+  except under `skip` (the validation's own directory)."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(results_dir, "**", "*.jsonl"), recursive=True)):
+  for path in sorted(glob.glob(os.path.join(results_dir, pattern), recursive=True)):
     if skip and os.path.abspath(path).startswith(os.path.abspath(skip) + os.sep):
       continue
     rows = [r for r in read_jsonl(path, "results file") if "pair" in r and "point" in r]
@@ -144,7 +194,7 @@ def candidate_key(pair: str, overrides: dict, base_rollouts: dict[str, dict]) ->
 
 
 def screen_pair(config, budget_file: dict, budget_path: str, trained: dict, base_rollouts: dict[str, dict], *,
-                shape, device_bytes: int, log=print) -> dict:
+                shape, device_bytes: int, log=print, plan: Plan = EMBEDDED) -> dict:
   """The screen of config.pair (the pair's own config: what the validation measures with): every pool candidate
   not in `trained`, through candidates.screen; the excluded ones with the runs that trained them."""
   from opd_jax.prepare.pair import prepare_pair
@@ -152,7 +202,7 @@ def screen_pair(config, budget_file: dict, budget_path: str, trained: dict, base
   from opd_jax.spec import screening_spec
   pair, start = config.pair, time.time()
   listed, excluded = [], []
-  for overrides in candidate_pool():
+  for overrides in plan.pool:
     where = trained.get(candidate_key(pair, overrides, base_rollouts))
     if where:
       excluded.append({"candidate": point_name(overrides), "overrides": overrides, "trained_in": sorted(where)})
@@ -161,19 +211,20 @@ def screen_pair(config, budget_file: dict, budget_path: str, trained: dict, base
   log(f"{pair}: screening {len(listed)} candidates ({len(excluded)} of the pool were trained before)")
   prepare_pair(config)
   spec = screening_spec(config)
-  cal = Calibration.from_spec(spec, PROMPTS, SCREEN_SEED)
+  cal = Calibration.from_spec(spec, plan.prompts, plan.screen_seed)
   rows = candidates.screen(cal, spec, listed, budget_file, shape=shape, device_bytes=device_bytes,
-                           seed=SCREEN_SEED, steps=STEPS)
-  return {"pair": pair, "steps": STEPS, "prompts": PROMPTS, "seed": SCREEN_SEED, "budget_file": budget_path,
-          "budget_sha256": file_hash(budget_path), "code_version": code_version(), "pool": len(candidate_pool()),
+                           seed=plan.screen_seed, steps=plan.steps)
+  return {"pair": pair, "steps": plan.steps, "prompts": plan.prompts, "seed": plan.screen_seed,
+          "budget_file": budget_path, "budget_sha256": file_hash(budget_path), "code_version": code_version(),
+          "pool": len(plan.pool),
           "rows": rows, "excluded": excluded, "seconds": time.time() - start}
 
 
-def judge_candidate(pair: str, measured: float, budget_file: dict) -> dict:
+def judge_candidate(pair: str, measured: float, budget_file: dict, plan: Plan = EMBEDDED) -> dict:
   """The shipped rule's comparison of one screened value: compared k3, budget, ratio and band."""
-  result = admission.admit_value(measured, budget_file, pair, STEPS)
+  result = admission.admit_value(measured, budget_file, pair, plan.steps)
   ratio = result["compared"] / result["budget"]
-  band = "near" if 1 / NEAR <= ratio <= NEAR else ("far below" if ratio < 1 else "far above")
+  band = "near" if 1 / plan.near <= ratio <= plan.near else ("far below" if ratio < 1 else "far above")
   return {"measured": measured, "compared": result["compared"], "k3_factor": result["k3_factor"],
           "budget": result["budget"], "budget_source": result["budget_source"], "admit": result["admit"],
           "ratio": ratio, "band": band}
@@ -185,58 +236,61 @@ def _rank(point: dict) -> tuple:
 
 
 def _pick(first: list[dict], second: list[dict], count: int) -> list[dict]:
-  """The first of each group, then the next `count - 2` of both by rank."""
-  return [first[0], second[0]] + sorted(first[1:] + second[1:], key=_rank)[:count - 2]
+  """The first of each group, then the next `count - 2` of both by rank (an empty group gives nothing: it is not
+  filled from the other)."""
+  return first[:1] + second[:1] + sorted(first[1:] + second[1:], key=_rank)[:count - 2]
 
 
-def select_pair(screen: dict, budget_file: dict) -> list[dict]:
-  """RULE on one pair's screen; the points in pick order (near first)."""
+def select_pair(screen: dict, budget_file: dict, plan: Plan = EMBEDDED) -> list[dict]:
+  """The plan's rule on one pair's screen; the points in pick order (near first)."""
   pair = screen["pair"]
   points = [{"name": r["candidate"], "overrides": sweep_overrides(r["overrides"]), "real": is_real(r["overrides"]),
-             **judge_candidate(pair, r["measured"], budget_file)} for r in screen["rows"]]
+             **judge_candidate(pair, r["measured"], budget_file, plan)} for r in screen["rows"]]
   group = lambda p: f"{p['band']} {'below' if p['ratio'] <= 1 else 'above'}" if p["band"] == "near" else p["band"]
   groups = {g: sorted((p for p in points if group(p) == g), key=_rank)
             for g in ("near below", "near above", "far below", "far above")}
   near = len(groups["near below"]) + len(groups["near above"])
-  if not all(groups.values()) or near < NEAR_PER_PAIR or len(points) - near < FAR_PER_PAIR:
+  lacking = not all(groups.values()) or near < plan.near_count or len(points) - near < plan.far_count
+  if plan.strict and lacking:
     raise InputError(f"{pair}'s screen has {', '.join(f'{len(v)} {g}' for g, v in groups.items())} candidates; "
-                     f"the rule needs one in each group and {NEAR_PER_PAIR} near, {FAR_PER_PAIR} far: widen "
+                     f"the rule needs one in each group and {plan.near_count} near, {plan.far_count} far: widen "
                      "heldout.candidate_pool and screen again (before any run)")
-  return (_pick(groups["near below"], groups["near above"], NEAR_PER_PAIR)
-          + _pick(groups["far below"], groups["far above"], FAR_PER_PAIR))
+  return (_pick(groups["near below"], groups["near above"], plan.near_count)
+          + _pick(groups["far below"], groups["far above"], plan.far_count))
 
 
-def select(screens: dict[str, dict], budget_file: dict) -> dict[str, list[dict]]:
-  """RULE on every pair's screen: {pair: points}."""
-  return {pair: select_pair(screens[pair], budget_file) for pair in sorted(screens)}
+def select(screens: dict[str, dict], budget_file: dict, plan: Plan = EMBEDDED) -> dict[str, list[dict]]:
+  """The plan's rule on every pair's screen: {pair: points}."""
+  return {pair: select_pair(screens[pair], budget_file, plan) for pair in sorted(screens)}
 
 
-def cost_estimate(similar: dict[str, list[dict]], selection: dict[str, list[dict]]) -> dict:
-  """Sweep cost from the wall_seconds of similar shipped runs (`similar`: {path: rows}, 150-step runs of the same
-  pairs): each pair's mean seconds per run times its runs (its points + its baseline, per seed)."""
+def cost_estimate(similar: dict[str, list[dict]], selection: dict[str, list[dict]], plan: Plan = EMBEDDED) -> dict:
+  """Sweep cost from the wall_seconds of similar shipped runs (`similar`: {path: rows}, runs of the same pairs at
+  the plan's length): each pair's mean seconds per run times its runs (its points + its baseline, per seed)."""
   per_run, runs = {}, {}
   for pair, points in selection.items():
     seconds = [r["wall_seconds"] for rows in similar.values() for r in rows
-               if r["pair"] == pair and r.get("status") == "ok" and r.get("steps") == STEPS]
+               if r["pair"] == pair and r.get("status") == "ok" and r.get("steps") == plan.steps]
     if not seconds:
-      raise InputError(f"no finished {STEPS}-step run of {pair} in {sorted(similar)} to estimate its run time from")
-    per_run[pair], runs[pair] = float(np.mean(seconds)), (len(points) + 1) * len(SEEDS)
+      raise InputError(f"no finished {plan.steps}-step run of {pair} in {sorted(similar)} to estimate its run time "
+                       "from")
+    per_run[pair], runs[pair] = float(np.mean(seconds)), (len(points) + 1) * len(plan.seeds)
   total = sum(per_run[p] * runs[p] for p in selection)
   return {"from": sorted(similar), "seconds_per_run": per_run, "runs": runs, "total_runs": sum(runs.values()),
           "seconds": total}
 
 
 def selection_file(screens: dict[str, dict], screen_paths: dict[str, str], budget_file: dict, budget_path: str,
-                   similar: dict[str, list[dict]]) -> dict:
+                   similar: dict[str, list[dict]], plan: Plan = EMBEDDED) -> dict:
   """What the sweep config reads: the rule, its inputs (file hashes), the selected points and the cost estimate."""
   stale = sorted(p for p, s in screens.items() if s["budget_sha256"] != file_hash(budget_path))
   if stale:
     raise InputError(f"screen(s) of {stale} were judged with another {budget_path} than the one given; screen again")
-  points = select(screens, budget_file)
-  return {"rule": RULE, "seeds": list(SEEDS), "steps": STEPS, "budget_file": budget_path,
+  points = select(screens, budget_file, plan)
+  return {"rule": plan.rule, "seeds": list(plan.seeds), "steps": plan.steps, "budget_file": budget_path,
           "budget_sha256": file_hash(budget_path),
           "screens": {p: {"file": screen_paths[p], "sha256": file_hash(screen_paths[p])} for p in sorted(screens)},
-          "points": points, "cost_estimate": cost_estimate(similar, points)}
+          "points": points, "cost_estimate": cost_estimate(similar, points, plan)}
 
 
 def calibration_constant(budget_file: dict) -> dict:
