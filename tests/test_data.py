@@ -203,3 +203,17 @@ def test_char_tokenizer_survives_a_family_config(tmp_path):
   ids = tokenizer.encode("47+8\n#  1", add_special_tokens=False)
   assert ids == [6, 9, 12, 10, 16, 15, 17, 17, 3]
   assert tokenizer.decode(ids) == "47+8\n#  1"
+
+
+def test_token_texts_decode_each_token_once_per_tokenizer():
+  """Every id's own decoding (specials spelled, spaces kept), computed once per tokenizer object."""
+  import os
+  from transformers import AutoTokenizer
+  from opd_jax.data.token_texts import token_texts
+  tokenizer = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(os.path.dirname(__file__)), "opd_jax",
+                                                         "assets", "pairx", "teacher"))
+  texts = token_texts(tokenizer)
+  assert token_texts(tokenizer) is texts and len(texts) == len(tokenizer)
+  assert list(texts) == [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                         for i in range(len(tokenizer))]
+  assert any(len(t) == 2 and t.isdigit() for t in texts)  # pairx's teacher writes two-digit numbers as one token

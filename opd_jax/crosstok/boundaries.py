@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import string
 
+from opd_jax.data.token_texts import token_texts
+
 # Probe characters: printable ASCII, newline and tab, and the Latin-1 letters (accented Latin text).
 _LATIN1_LETTERS = {chr(c) for c in range(0xC0, 0x100)} - {"×", "÷"}
 PROBES = "".join(sorted(set(string.printable) - set("\r\x0b\x0c") | _LATIN1_LETTERS))
@@ -33,8 +35,7 @@ class BoundaryProbe:
   def __init__(self, tokenizer, probes: str = PROBES):
     self.tokenizer = tokenizer
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer)) if i not in special],
-                                   clean_up_tokenization_spaces=False)
+    texts = [t for i, t in enumerate(token_texts(tokenizer)) if t is not None and i not in special]
     allowed = set(probes)
     # inner[a]: the probe characters that follow character a inside some token (only they can merge across)
     self.inner: dict[str, set[str]] = {}

@@ -29,26 +29,32 @@ prefix alone, or does not start with it, in no event), used where a row's first 
 from __future__ import annotations
 
 from opd_jax.crosstok.view import special_ids
+from opd_jax.data.token_texts import token_texts
 
 NO_EVENT = -1
 _END = ("end",)
 _UNREADABLE = ("unreadable",)
 
 
+def _texts(tokenizer) -> dict[int, str]:
+  """{id: text} of every token of the vocabulary (token_texts, which decodes it once per tokenizer)."""
+  return {i: t for i, t in enumerate(token_texts(tokenizer)) if t is not None}
+
+
 def _keys(tokenizer, vocab_size: int, end_ids: set[int], student: bool) -> list:
   """Each token id's event key: _END, ("special", spelling), ("char", first character), _UNREADABLE (a student
   token that spells nothing), or None."""
-  specials, by_id = special_ids(tokenizer), {i: t for t, i in tokenizer.get_vocab().items()}
+  specials, by_id, texts = special_ids(tokenizer), {i: t for t, i in tokenizer.get_vocab().items()}, _texts(tokenizer)
   keys = []
   for i in range(vocab_size):
     if i in end_ids:
       keys.append(_END)
     elif i in specials:
       keys.append(("special", by_id.get(i)))
-    elif i not in by_id:
+    elif texts.get(i) is None:
       keys.append(_UNREADABLE if student else None)  # a padded embedding row: no token
     else:
-      text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+      text = texts[i]
       keys.append(("char", text[0]) if text and text[0] != "\ufffd" else _UNREADABLE if student and not text else None)
   return keys
 
@@ -56,13 +62,13 @@ def _keys(tokenizer, vocab_size: int, end_ids: set[int], student: bool) -> list:
 def _after_prefix(tokenizer, vocab_size: int, keys: list, prefix: str) -> list:
   """Each teacher token's event key where its text must begin with `prefix`: the character after the prefix;
   ends and specials as in `keys`; None for the rest."""
-  by_id = {i: t for t, i in tokenizer.get_vocab().items()}
+  texts = _texts(tokenizer)
   out = []
   for i, key in zip(range(vocab_size), keys):
     if key is None or key[0] != "char":
       out.append(key)
       continue
-    text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) if i in by_id else ""
+    text = texts.get(i) or ""
     rest = text[len(prefix):] if text.startswith(prefix) else ""
     out.append(("char", rest[0]) if rest and rest[0] != "\ufffd" else None)
   return out
@@ -73,7 +79,7 @@ def character_events(student_tokenizer, teacher_tokenizer, student_vocab_size: i
                      ) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[int, ...] | None] | None:
   """(event of each student token id, event of each teacher token id, number of events, event of each teacher
   token id after `teacher_prefix` or None without one), NO_EVENT for a token in none; None for identical
-  vocabularies. One decode per token (~1 s per 50k tokens; twice with a prefix)."""
+  vocabularies. Reads each vocabulary's decoded texts once (token_texts, shared with the boundary probes)."""
   if student_tokenizer.get_vocab() == teacher_tokenizer.get_vocab():
     return None
   student = _keys(student_tokenizer, student_vocab_size, set(eos_ids), True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from opd_jax.data.token_texts import token_texts
 from opd_jax.errors import InputError
 
 
@@ -12,9 +13,8 @@ def stop_token_ids(tokenizer, stop_text: str) -> tuple[int, ...]:
   if not stop_text:
     return ()
   special = set(getattr(tokenizer, "all_special_ids", []) or [])
-  ids = [i for i in range(len(tokenizer)) if i not in special]
-  texts = tokenizer.batch_decode([[i] for i in ids], clean_up_tokenization_spaces=False)
-  out = tuple(i for i, text in zip(ids, texts) if stop_text in text)
+  out = tuple(i for i, text in enumerate(token_texts(tokenizer))
+              if text is not None and i not in special and stop_text in text)
   if not out:
     raise InputError(f"rollout.stop_text={stop_text!r}: no token of the student's vocabulary writes it, so no "
                      "response could stop on it; set a text the student can write, or \"\" for none")
