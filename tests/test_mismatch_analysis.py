@@ -137,3 +137,51 @@ def test_lagged_versions_keep_holds_only_the_offsets_asked_for(tiny_pair, cal):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert any(not np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(every[0]), jax.tree.leaves(every[3])))
+
+
+@pytest.mark.slow
+def test_lagged_versions_accumulate_over_the_runs_micro_batches_to_float_rounding(tiny_pair, cal):
+  """Updates over the 16-row calibration batch in 4-row passes (the run's batch) equal whole-batch updates."""
+  import jax
+  import numpy as np
+  from opd_jax.screening.admission import lagged_versions, update_micro_batch
+  versions = {}
+  for batch in (16, 4):
+    config = common.base_config("tiny")
+    config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
+    config.rollout.max_new_tokens, config.train.batch_size = 12, batch
+    assert update_micro_batch(screening_spec(config), 16) == (0 if batch == 16 else 4)
+    versions[batch] = lagged_versions(cal, screening_spec(config), 2, keep={2})[2]
+  for a, b in zip(jax.tree.leaves(versions[16]), jax.tree.leaves(versions[4])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_admission_k3_shares_one_lagged_run_between_staleness_points(tiny_pair, cal):
+  """launch/admission_k3.py's staleness points read one lagged run (lags 1 and 3 kept) and measure what each
+  measured alone; a point with another learning rate gets its own."""
+  from opd_jax.experiments import admission_k3
+  from opd_jax.screening import admission
+
+  def config_for(pair):
+    config = common.base_config("tiny")
+    config.teacher, config.student = tiny_pair["teacher"], tiny_pair["student"]
+    config.rollout.max_new_tokens = 12
+    return config
+
+  points = {"s1": {"rollout.staleness_steps": 1}, "s3": {"rollout.staleness_steps": 3},
+            "s3_lr": {"rollout.staleness_steps": 3, "optimizer.learning_rate": 0.01}}
+  rows = [{"pair": "tiny", "point": p, "overrides": o, "status": "ok"} for p, o in points.items()]
+  calls = []
+  real = admission.lagged_versions
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(admission, "lagged_versions", lambda *a, **k: calls.append((a[2], k.get("keep"))) or real(*a, **k))
+    measured = {r["point"]: r["admission_k3"] for r in admission_k3.measure(rows, config_for, num_prompts=16)}
+  assert calls == [(3, {0, 1, 3}), (3, {0, 3})]
+  for point, overrides in points.items():
+    config = config_for("tiny")
+    for key, value in overrides.items():
+      admission_k3.set_field(config, key, value)
+    spec = screening_spec(config)
+    alone = admission.measure_candidate(cal, spec, spec.rollout)["k3"]
+    assert measured[point] == pytest.approx(alone, rel=1e-5), point

@@ -29,10 +29,18 @@ from opd_jax.train.rollouts import RolloutProducer
 from opd_jax.train.step import TrainState, train_step
 
 
+def update_micro_batch(spec: RunSpec, rows: int) -> int:
+  """Rows per pass of lagged_versions' updates: the run's (micro-batch, else batch) where it divides `rows`."""
+  micro = spec.train.micro_batch_size or spec.train.batch_size
+  return micro if 0 < micro < rows and rows % micro == 0 else 0
+
+
 def lagged_versions(cal: Calibration, spec: RunSpec, updates: int, seed: int = 0, keep=None) -> list:
   """Learner parameters at burn-in + 0, 1, ..., `updates` OPD steps (exact sampler, the run's objective and
   optimizer). keep: the offsets to hold (None: all); the others are None, so a lag of 32 on a real model holds two
-  copies of the weights, not 33."""
+  copies of the weights, not 33. Each update is one step on the whole calibration batch, its gradient accumulated
+  over the run's micro-batches (train.micro_batch_size, else train.batch_size, where it divides the batch): the
+  same update to float rounding, at the run's activation memory (128 SmolLM2 rows in one pass took 21 GB)."""
   objective = spec.objective
   o = spec.optimizer
   schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps,
@@ -44,9 +52,10 @@ def lagged_versions(cal: Calibration, spec: RunSpec, updates: int, seed: int = 0
                              teacher_state=cal.teacher_state, rollout=rollout,
                              sampler=cal.sampler(rollout), objective=objective, put_batch=jnp.asarray, seed=seed,
                              logits_chunk=cal.logits_chunk)
+  micro = update_micro_batch(spec, cal.prompt_BxP.shape[0])
   step = jax.jit(functools.partial(train_step, cal.graphdef, optimizer, objective, rollout.temperature,
                                    objective.is_cap, teacher_graphdef=cal.teacher_graphdef,
-                                   logits_chunk=cal.logits_chunk))
+                                   logits_chunk=cal.logits_chunk, micro_batch_size=micro))
   state = TrainState(cal.params, optimizer.init(cal.params), jnp.zeros((), jnp.int32))
   versions = []
   prompts = {"prompt_BxP": cal.prompt_BxP, "prompt_valid_BxP": cal.valid_BxP}
