@@ -82,6 +82,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.cross_tokenizer.max_teacher_prompt_tokens = 0  # the teacher's prompt length; 0 = 2 x data.max_prompt_tokens
   c.cross_tokenizer.max_teacher_response_tokens = 0  # its response length; 0 = 2 x rollout.max_new_tokens; spans
   # past it are not scored (counted: cross_tokenizer/spans_truncated)
+  # Where spans may end: "settled" = only where both tokenizations mean the same event (exact; between two large
+  # vocabularies few word ends are); "corrected" = every shared boundary, each side's span log-prob turned into a
+  # character-level one with its cover (opd_jax/crosstok/cover.py; span form, one in-process teacher).
+  c.cross_tokenizer.boundaries = "settled"
   # Multi-teacher OPD (opd_jax/train/teachers.py): teachers besides config.teacher, by name, each a dict
   # {"checkpoint": HF dir, "endpoint": "" (scored in this process) or a served teacher's URL}; {} = config.teacher
   # scores every prompt. A prompt is scored by the teacher its JSONL row names in "teacher", else by the first of

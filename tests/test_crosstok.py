@@ -366,11 +366,14 @@ def _config(tiny_pair, teacher, **overrides):
   return config
 
 
-@pytest.mark.parametrize("objective", ["reverse_kl_pg", "reverse_kl", "uld"])
+@pytest.mark.parametrize("objective", ["reverse_kl_pg", "reverse_kl", "uld", "reverse_kl_pg+corrected"])
 def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path, objective):
+  objective, corrected = objective.split("+")[0], objective.endswith("+corrected")
   config = _config(tiny_pair, number_teacher, **{"train.steps": 3, "train.eval_every": 3, "objective.name": objective})
   if objective == "reverse_kl":  # with a response prefix: the marginal form's prefix table reaches the train step
     config.cross_tokenizer.teacher_response_prefix = " "
+  if corrected:  # the covers reach the teacher's program, the train step and the held-out span KL
+    config.cross_tokenizer.boundaries = "corrected"
   train(config, str(tmp_path))
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
@@ -381,6 +384,7 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
   assert any(r["cross_tokenizer/student_tokens_per_span"] > 1 for r in steps)
   evals = [r for r in rows if "eval/span_reverse_kl" in r]
   assert evals and np.isfinite(evals[-1]["eval/span_reverse_kl"]) and "eval/reverse_kl" not in evals[-1]
+  assert any(r["cross_tokenizer/boundaries_corrected"] > 0 for r in steps) == corrected
 
 
 def test_a_served_teacher_of_another_tokenizer_scores_as_in_process(tiny_pair, number_teacher, tmp_path):
@@ -428,6 +432,8 @@ def test_several_teachers_each_with_its_own_tokenizer(tiny_pair, number_teacher,
     ({"cross_tokenizer.max_teacher_response_tokens": -1}, "max_teacher_response_tokens"),
     ({"teacher_endpoint": "http://127.0.0.1:9/v1", "objective.name": "uld"}, "use reverse_kl_pg with"),
     ({"teachers": {"other": {"checkpoint": "/nonexistent", "format": "{nothing}"}}}, "does not render"),
+    ({"cross_tokenizer.boundaries": "sometimes"}, "use 'settled'"),
+    ({"cross_tokenizer.boundaries": "corrected", "objective.name": "reverse_kl"}, "boundaries='corrected' scores"),
 ])
 def test_cross_tokenizer_config_mistakes(tiny_pair, number_teacher, override, message):
   with pytest.raises(InputError, match=message):

@@ -22,30 +22,37 @@ from flax import nnx
 
 from opd_jax.crosstok.projection import character_events
 from opd_jax.crosstok.view import STATS, CrossTokenizerView
+from opd_jax.errors import InputError
 from opd_jax.objectives.chunked import score_tokens
 from opd_jax.objectives.logprobs import Scores, response_hidden
 from opd_jax.objectives.losses import ObjectiveConfig
-from opd_jax.objectives.spans import span_total
+from opd_jax.objectives.spans import span_corrections, span_total
 
 
 def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, *, hidden: bool = False,
-                       top_k: int = 0, top_k_temperature: float = 1.0):
+                       top_k: int = 0, top_k_temperature: float = 1.0, cover_rank=None):
   """jit (teacher_state, teacher prompt, valid, teacher response, mask, teacher_span_BxRt, student_span_BxR,
-  teacher_first_BxR, fixed_logp_BxR) -> Scores on the student's tokens: logp_BxR, each student token's span total of
-  the teacher's log-probs plus the span's fixed log-probs (unreadable student tokens; 0 where unscored); with
-  `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where it predicts each span's first
-  teacher token, at the span's first student token (zeros elsewhere): what the full-distribution and ULD
-  objectives read."""
+  teacher_first_BxR, fixed_logp_BxR[, teacher_cover_BxRtx4]) -> Scores on the student's tokens: logp_BxR, each
+  student token's span total of the teacher's log-probs plus the span's fixed log-probs (unreadable student tokens;
+  0 where unscored); with `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where it predicts
+  each span's first teacher token, at the span's first student token (zeros elsewhere): what the full-distribution
+  and ULD objectives read. cover_rank: the teacher vocabulary's cover ranks (opd_jax.crosstok.cover.CoverTable
+  .rank_V): the spans of corrected boundaries get their cover corrections (teacher_cover_BxRtx4 is then given)."""
+  rank_V = None if cover_rank is None else jnp.asarray(cover_rank, jnp.int32)
+
   def run(state, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt, teacher_span_BxRt, student_span_BxR,
-          teacher_first_BxR, fixed_logp_BxR):
+          teacher_first_BxR, fixed_logp_BxR, teacher_cover_BxRtx4=None):
     model = nnx.merge(teacher_graphdef, state)
     hidden_BxRtxD = response_hidden(model, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt)
+    cover = None if rank_V is None else (teacher_cover_BxRtx4[..., :2], rank_V)
     out = score_tokens(model, hidden_BxRtxD, response_BxRt, temperature=temperature, chunk=logits_chunk,
-                       top_k=top_k, top_k_temperature=top_k_temperature)
+                       top_k=top_k, top_k_temperature=top_k_temperature, cover=cover)
     at_start = lambda x_BxRtx: _at_student_starts(x_BxRtx, teacher_first_BxR)
-    return Scores(span_total(out["logp"] * mask_BxRt, teacher_span_BxRt, student_span_BxR)
-                  + span_total(fixed_logp_BxR, student_span_BxR, student_span_BxR),
-                  at_start(hidden_BxRtxD) if hidden else None,
+    logp_BxR = (span_total(out["logp"] * mask_BxRt, teacher_span_BxRt, student_span_BxR)
+                + span_total(fixed_logp_BxR, student_span_BxR, student_span_BxR))
+    if rank_V is not None:
+      logp_BxR = logp_BxR + span_corrections(out["cover_delta"] * mask_BxRt, teacher_cover_BxRtx4, student_span_BxR)
+    return Scores(logp_BxR, at_start(hidden_BxRtxD) if hidden else None,
                   at_start(out["top_logp"]) if top_k else None, at_start(out["top_ids"]) if top_k else None)
   return jax.jit(run)
 
@@ -68,10 +75,11 @@ class TeacherTokens:
 
 
 def _teacher_inputs(arrays: dict) -> tuple:
-  """span_score_program's inputs after the teacher's state, from a CrossTokenizerView.build's arrays."""
-  return tuple(arrays[k] for k in ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt", "teacher_response_BxRt",
-                                   "teacher_mask_BxRt", "teacher_span_BxRt", "student_span_BxR", "teacher_first_BxR",
-                                   "fixed_logp_BxR"))
+  """span_score_program's inputs after the teacher's state, from a CrossTokenizerView.build's arrays (with the
+  teacher's covers where the view corrects boundaries)."""
+  names = ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt", "teacher_response_BxRt", "teacher_mask_BxRt",
+           "teacher_span_BxRt", "student_span_BxR", "teacher_first_BxR", "fixed_logp_BxR")
+  return tuple(arrays[k] for k in names + (("teacher_cover_BxRtx4",) if "teacher_cover_BxRtx4" in arrays else ()))
 
 
 class CrossTokenizerScorer:
@@ -85,9 +93,15 @@ class CrossTokenizerScorer:
     self.view, self.put_batch, self.served = view, put_batch, served
     self._span_sums = jax.jit(span_total)
     self.last_arrays: dict = {}  # the latest batch's teacher-side arrays, on the host (the served preflight's)
+    covers = view.covers
+    if covers is not None and served is not None:
+      raise InputError("cross_tokenizer.boundaries='corrected' needs the teacher's whole next-token distribution at "
+                       "corrected boundaries, which a served teacher does not send; score it in this process or use "
+                       "boundaries='settled'")
     self._program = span_score_program(
         teacher_graphdef, temperature, logits_chunk, hidden=objective.needs_teacher_hidden,
-        top_k=objective.top_k if objective.needs_teacher_topk else 0, top_k_temperature=objective.temperature)
+        top_k=objective.top_k if objective.needs_teacher_topk else 0, top_k_temperature=objective.temperature,
+        cover_rank=None if covers is None else covers[1].rank_V)
     self.last_stats: dict = {}
     self.projection: tuple | None = None  # set by `build` for the full-distribution form (character_events)
 
@@ -104,6 +118,13 @@ class CrossTokenizerScorer:
                        + self._span_sums(put["fixed_logp_BxR"], put["student_span_BxR"], put["student_span_BxR"]))
       return Scores(span_logp_BxR), put["student_span_BxR"]
     return self._program(teacher_state, *_teacher_inputs(put)), put["student_span_BxR"]
+
+  def student_cover(self):
+    """The latest batch's student_cover_BxRx4 (opd_jax.crosstok.view) on the learner's layout where the view
+    corrects boundaries (the train step adds the student's cover corrections to its span totals); None otherwise."""
+    if "student_cover_BxRx4" not in self.last_arrays:
+      return None
+    return self.put_batch(self.last_arrays["student_cover_BxRx4"])
 
   def after_prefix(self):
     """The latest batch's after_prefix_BxR (opd_jax.crosstok.view) on the learner's layout, for the marginal form
@@ -149,15 +170,22 @@ class SpanKL:
 
   def __init__(self, view: CrossTokenizerView, student_graphdef, teacher_graphdef, logits_chunk: int, put_batch):
     self.view, self.put_batch = view, put_batch
-    self._teacher = span_score_program(teacher_graphdef, 1.0, logits_chunk)
+    covers = view.covers
+    self._teacher = span_score_program(teacher_graphdef, 1.0, logits_chunk,
+                                       cover_rank=None if covers is None else covers[1].rank_V)
+    rank_V = None if covers is None else jnp.asarray(covers[0].rank_V, jnp.int32)
 
-    def student(state, prompt_BxP, valid_BxP, response_BxR, mask_BxR, span_BxR, teacher_span_logp_BxR):
+    def student(state, prompt_BxP, valid_BxP, response_BxR, mask_BxR, span_BxR, teacher_span_logp_BxR, cover_BxRx4):
       model = nnx.merge(student_graphdef, state)
       hidden_BxRxD = response_hidden(model, prompt_BxP, valid_BxP, response_BxR, mask_BxR)
-      logp_BxR = score_tokens(model, hidden_BxRxD, response_BxR, temperature=1.0, chunk=logits_chunk)["logp"]
+      out = score_tokens(model, hidden_BxRxD, response_BxR, temperature=1.0, chunk=logits_chunk,
+                         cover=None if rank_V is None else (cover_BxRx4[..., :2], rank_V))
       scored_BxR = mask_BxR * (span_BxR >= 0)
-      share_BxR = teacher_span_logp_BxR / jnp.maximum(span_total(scored_BxR, span_BxR, span_BxR), 1.0)
-      return jnp.sum((logp_BxR - share_BxR) * scored_BxR), jnp.sum(scored_BxR)
+      teacher_BxR = teacher_span_logp_BxR
+      if rank_V is not None:  # the student's cover corrections: compare character-level span log-probs
+        teacher_BxR = teacher_BxR - span_corrections(out["cover_delta"] * mask_BxR, cover_BxRx4, span_BxR)
+      share_BxR = teacher_BxR / jnp.maximum(span_total(scored_BxR, span_BxR, span_BxR), 1.0)
+      return jnp.sum((out["logp"] - share_BxR) * scored_BxR), jnp.sum(scored_BxR)
     self._student = jax.jit(student)
 
   def __call__(self, student_state, teacher_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR):
@@ -167,7 +195,17 @@ class SpanKL:
     put = {k: self.put_batch(v) for k, v in arrays.items()}
     teacher_BxR = self._teacher(teacher_state, *_teacher_inputs(put)).logp_BxR
     return self._student(student_state, prompt_BxP, valid_BxP, response_BxR, mask_BxR, put["student_span_BxR"],
-                         teacher_BxR)
+                         teacher_BxR, put.get("student_cover_BxRx4"))
+
+
+def _covers(cross, student_tokenizer, teacher, eos_ids, student_vocab_size: int, teacher_vocab_size: int):
+  """(student, teacher) CoverTables with cross.boundaries == "corrected", else None."""
+  if cross.boundaries != "corrected":
+    return None
+  from opd_jax.crosstok.cover import CoverTable
+  from opd_jax.crosstok.view import special_ids
+  return (CoverTable(student_tokenizer, student_vocab_size, special_ids(student_tokenizer) | set(eos_ids)),
+          CoverTable(teacher, teacher_vocab_size, special_ids(teacher)))
 
 
 def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids: tuple[int, ...],
@@ -180,10 +218,13 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
   from opd_jax.data.batching import encode_prompts
   from opd_jax.models import load_tokenizer
   prompt_tokens, response_tokens = cross.lengths(max_prompt_tokens, max_new_tokens)
-  view = CrossTokenizerView(student_tokenizer, load_tokenizer(teacher_dir), cross.teacher_format,
+  teacher = load_tokenizer(teacher_dir)
+  view = CrossTokenizerView(student_tokenizer, teacher, cross.teacher_format,
                             [p.prompt for p in problems], eos_ids, teacher_end=cross.teacher_end,
                             response_prefix=cross.teacher_response_prefix,
-                            max_prompt=prompt_tokens, max_response=response_tokens)
+                            max_prompt=prompt_tokens, max_response=response_tokens,
+                            covers=_covers(cross, student_tokenizer, teacher, eos_ids, student_vocab_size,
+                                           teacher_vocab_size))
   view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
   scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective, served)
   if objective.needs_teacher_hidden:

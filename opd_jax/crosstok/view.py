@@ -20,7 +20,11 @@ UNREADABLE_LOGP on top of its teacher tokens' (`fixed_logp_BxR`; counted as `tok
 span objectives would reward them: they lower the student's log-prob of a span whose teacher log-prob they leave
 unchanged (pairx's student learned to write padded rows until its answers were gone).
 Shared boundaries where the two tokenizations stand for different events are not span ends
-(opd_jax.crosstok.boundaries; counted as `boundaries_unsettled`).
+(opd_jax.crosstok.boundaries; counted as `boundaries_unsettled`), unless the view corrects them (`covers`: the
+span form with cross_tokenizer.boundaries="corrected"): then each such boundary ends a span, and its last token on
+either side carries its cover (opd_jax.crosstok.cover) in student_cover_BxRx4 / teacher_cover_BxRtx4 (lo, hi,
+the span it ends, the span after it), which the scoring programs turn into character-level span log-probs
+(counted as `boundaries_corrected`; a boundary whose last token on either side has no cover stays unsettled).
 A response that ended with one of the student's EOS ids ends with one span more: that EOS token against the
 teacher's end token (`teacher_end`, by default its tokenizer's EOS), so the student learns when the teacher
 would stop (joining the last span when the text's end is not settled). Without a teacher end token the EOS is
@@ -35,6 +39,7 @@ import numpy as np
 
 from opd_jax.crosstok.align import UNSCORED, align, shared_ends, token_ends
 from opd_jax.crosstok.boundaries import BoundaryProbe, settled
+from opd_jax.crosstok.cover import NONE
 from opd_jax.crosstok.formats import TeacherFormat
 from opd_jax.errors import InputError
 
@@ -42,7 +47,7 @@ UNREADABLE_LOGP = math.log(1e-30)  # the teacher's log-prob of a student token i
 # of 0 clamps to in the marginal objectives (opd_jax.objectives.losses.divergence_marginalized)
 STATS = ("spans", "spans_scored", "spans_unscorable", "spans_truncated", "tokens", "tokens_scored",
          "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped", "boundaries_unsettled",
-         "tokens_unreadable")
+         "tokens_unreadable", "boundaries_corrected")
 
 
 def _decoder(tokenizer):
@@ -61,7 +66,7 @@ class CrossTokenizerView:
 
   def __init__(self, student_tokenizer, teacher_tokenizer, teacher_format: str, prompts: list[str],
                eos_ids: tuple[int, ...], *, teacher_end: str = "", response_prefix: str = "", max_prompt: int,
-               max_response: int):
+               max_response: int, covers: tuple | None = None):
     self.student, self.teacher, self.prefix = student_tokenizer, teacher_tokenizer, response_prefix
     self.format = TeacherFormat(teacher_format, teacher_tokenizer)
     self.eos_ids, self.max_prompt, self.max_response = set(eos_ids), max_prompt, max_response
@@ -83,6 +88,7 @@ class CrossTokenizerView:
     self._s_decode, self._t_decode = _decoder(student_tokenizer), _decoder(teacher_tokenizer)
     self._s_probe, self._t_probe = BoundaryProbe(student_tokenizer), BoundaryProbe(teacher_tokenizer)
     self._empty: dict[int, bool] = {}  # student token -> whether it spells nothing
+    self.covers = covers  # (student CoverTable, teacher CoverTable): correct unsettled boundaries (docstring)
 
   def register_student_prompts(self, prompt_NxP: np.ndarray, valid_NxP: np.ndarray) -> None:
     """The student's encoding of each of `prompts` (data.batching.encode_prompts), so that `lookup` finds a
@@ -118,6 +124,9 @@ class CrossTokenizerView:
            "teacher_first_BxR": np.full((B, R), UNSCORED, np.int32),
            "fixed_logp_BxR": np.zeros((B, R), np.float32),
            "after_prefix_BxR": np.zeros((B, R), np.float32)}
+    if self.covers is not None:
+      out["student_cover_BxRx4"] = np.full((B, R, 4), -1, np.int32)
+      out["teacher_cover_BxRtx4"] = np.full((B, self.max_response, 4), -1, np.int32)
     stats = dict.fromkeys(STATS, 0)
     for b in range(B):
       prompt = self.prompt_ids[int(index_B[b])]
@@ -132,6 +141,24 @@ class CrossTokenizerView:
     if token not in self._empty:
       self._empty[token] = self._s_decode([token]) == ""
     return self._empty[token]
+
+  def _correctable(self, unsettled: set[int], s_end: list, t_end: list, body: list[int], t_ids: list[int],
+                   length: int, ended: bool) -> dict[int, tuple[int, int]]:
+    """{boundary: (its last student token, its last teacher token)} of the `unsettled` shared boundaries the view
+    corrects: both last tokens have a cover; not the text's end when an EOS follows it (the EOS joins the last
+    span, and "the text, then the end" is one event on both sides). {} without covers."""
+    if self.covers is None:
+      return {}
+    last_s = {e: k for k, e in enumerate(s_end) if e}
+    last_t = {e: j for j, e in enumerate(t_end) if e}
+    out = {}
+    for e in sorted(unsettled):
+      if e == length and ended and self.end_id is not None:
+        continue
+      k, j = last_s[e], last_t[e]
+      if self.covers[0].cover(body[k]) != NONE and self.covers[1].cover(t_ids[j]) != NONE:
+        out[e] = (k, j)
+    return out
 
   def _row(self, ids: list[int], out: dict, b: int, stats: dict) -> None:
     ended = bool(ids) and ids[-1] in self.eos_ids
@@ -161,13 +188,16 @@ class CrossTokenizerView:
       s_end, t_end = token_ends(self._s_decode, body, text), [None if c else e for c, e in zip(context, t_end)]
       shared = shared_ends(s_end, t_end) | {len(text)}
       allowed = settled(self._s_probe, self._t_probe, text, sorted(shared), self.prefix)
+      corrected = self._correctable(shared - allowed, s_end, t_end, body, t_ids, len(text), ended)
+      allowed = allowed | set(corrected)
       stats["boundaries_unsettled"] += len(shared - allowed - {len(text)})
+      stats["boundaries_corrected"] += len(corrected)
       end_settled = len(text) in allowed
       alignment = align(s_end, t_end, [t != self.unk for t in t_ids], len(text), allowed)
       s_span, valid = list(alignment.student_span), list(alignment.valid)
       t_span = [UNSCORED if c else s for c, s in zip(context, alignment.teacher_span)]
     else:  # nothing but the EOS (or tokens that spell nothing): no span of text
-      s_span, t_span, valid = [UNSCORED] * len(body), [UNSCORED] * len(t_ids), []
+      s_span, t_span, valid, corrected = [UNSCORED] * len(body), [UNSCORED] * len(t_ids), [], {}
     if ended and self.end_id is not None:  # the student's EOS against the teacher's end token
       if end_settled:  # a span of its own
         valid.append(True)
@@ -199,6 +229,11 @@ class CrossTokenizerView:
     out["teacher_first_BxR"][b, starts] = [first_teacher[s_span[k]] for k in starts]
     if merged and starts[:1] == [0] and first_teacher[s_span[0]] == 0:
       out["after_prefix_BxR"][b, 0] = 1.0
+    for k, j in corrected.values():  # the last tokens of a corrected boundary: their covers and spans
+      span, after = s_span[k], (s_span[k] + 1 if s_span[k] + 1 < len(valid) else UNSCORED)
+      out["student_cover_BxRx4"][b, k] = (*self.covers[0].cover(body[k]), span, after)
+      if j < self.max_response:
+        out["teacher_cover_BxRtx4"][b, j] = (*self.covers[1].cover(t_ids[j]), span, after)
     unreadable = [k for k in unreadable if scored(s_span[k])]
     out["fixed_logp_BxR"][b, unreadable] = UNREADABLE_LOGP
     stats["tokens_unreadable"] += len(unreadable)

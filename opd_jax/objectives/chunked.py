@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from opd_jax.objectives.losses import divergence_exact
+from opd_jax.objectives.spans import cover_delta
 
 
 def token_map(fn: Callable[[dict], dict], arrays: dict, chunk: int) -> dict:
@@ -90,22 +91,30 @@ def tempered_log_softmax(logits_BxCxV: jax.Array, temperature: float) -> jax.Arr
 
 
 def score_tokens(model, hidden_BxRxD: jax.Array, tokens_BxR: jax.Array, *, temperature: float, chunk: int,
-                 top_k: int = 0, top_k_temperature: float = 1.0) -> dict:
+                 top_k: int = 0, top_k_temperature: float = 1.0, cover: tuple | None = None) -> dict:
   """Per-token log-probs of `tokens` under `model`'s head applied to `hidden` chunk by chunk.
 
   Returns {"logp": [B, R]} and, with top_k > 0, {"top_logp": [B, R, K], "top_ids": [B, R, K]}: the K most
   likely tokens of log softmax(logits / top_k_temperature) (what the *_topk objectives need from a teacher).
+  cover: (cover_BxRx2, rank_V) adds {"cover_delta": [B, R]} (opd_jax.objectives.spans.cover_delta, at the same
+  temperature as "logp").
   """
   k = min(top_k, model.config.vocab_size)
+  arrays = {"hidden": hidden_BxRxD, "tokens": tokens_BxR}
+  if cover is not None:
+    arrays["cover"] = cover[0]
 
   def per_chunk(x):
     logits_BxCxV = model.logits(x["hidden"])
-    out = {"logp": gather_logp(tempered_log_softmax(logits_BxCxV, temperature), x["tokens"])}
+    logp_BxCxV = tempered_log_softmax(logits_BxCxV, temperature)
+    out = {"logp": gather_logp(logp_BxCxV, x["tokens"])}
     if k:
       out["top_logp"], out["top_ids"] = jax.lax.top_k(tempered_log_softmax(logits_BxCxV, top_k_temperature), k)
+    if cover is not None:
+      out["cover_delta"] = cover_delta(logp_BxCxV, x["tokens"], x["cover"], cover[1])
     return out
 
-  return token_map(per_chunk, {"hidden": hidden_BxRxD, "tokens": tokens_BxR}, chunk)
+  return token_map(per_chunk, arrays, chunk)
 
 
 def exact_reverse_kl(student, teacher, student_hidden_BxRxD, teacher_hidden_BxRxD, chunk: int) -> jax.Array:

@@ -293,6 +293,8 @@ class LossInputs:
   # cross-tokenizer runs: each token's span in its row (opd_jax.crosstok); teacher_logp_BxR is then the teacher's
   # log-prob of the token's whole span, and reverse_kl_pg compares it with the student's span total
   span_BxR: jax.Array | None = None
+  # corrected boundaries (opd_jax.crosstok.cover): the student's cover corrections of its span totals, no gradient
+  span_correction_BxR: jax.Array | None = None
 
 
 def _weights(x: LossInputs, c: ObjectiveConfig) -> jax.Array:
@@ -317,6 +319,8 @@ def _reverse_kl_pg(x: LossInputs, c: ObjectiveConfig):
   student_logp = x.learner_logp_BxR if c.student_logp == "learner" else x.sampler_logp_BxR
   if x.span_BxR is not None:  # span form: A_t = log pi_T(span of t) - log pi_S(span of t) (opd_jax.crosstok)
     student_logp = span_total(student_logp * x.mask_BxR, x.span_BxR, x.span_BxR)
+    if x.span_correction_BxR is not None:  # character-level span log-probs at corrected boundaries
+      student_logp = student_logp + x.span_correction_BxR
   advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_logp)
   weights_BxR = _weights(x, c)
   return -weights_BxR * advantage_BxR * x.learner_logp_BxR, {"advantage": advantage_BxR, **_weight_sums(weights_BxR)}

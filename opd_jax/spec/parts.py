@@ -230,6 +230,7 @@ class CrossTokenizerSpec:
   teacher_response_prefix: str = ""  # text the teacher reads between its prompt and the student's response
   max_teacher_prompt_tokens: int = 0  # Pt; 0 = 2 x data.max_prompt_tokens
   max_teacher_response_tokens: int = 0  # Rt; 0 = 2 x rollout.max_new_tokens
+  boundaries: str = "settled"  # "settled" | "corrected": span ends at unsettled boundaries too (opd_jax/crosstok)
 
   @classmethod
   def from_section(cls, section) -> "CrossTokenizerSpec":
@@ -239,6 +240,10 @@ class CrossTokenizerSpec:
     for field in ("teacher_format", "teacher_end", "teacher_response_prefix"):
       if not isinstance(getattr(spec, field), str):
         raise InputError(f"cross_tokenizer.{field} must be a string, got {getattr(spec, field)!r}")
+    if spec.boundaries not in ("settled", "corrected"):
+      raise InputError(f"cross_tokenizer.boundaries={spec.boundaries!r}: use 'settled' (spans end only where both "
+                       "tokenizations mean the same event) or 'corrected' (every shared boundary, with cover "
+                       "corrections; the span form)")
     if spec.enabled:
       from opd_jax.crosstok.formats import check_format
       check_format(spec.teacher_format)

@@ -49,6 +49,7 @@ class RunSettings:
   max_prompt_tokens: int = 0  # prompts' width (the paged engine's page tables are sized for it)
   batch_size: int = 0  # rows per rollout batch (the paged engine decodes this many at once by default)
   projection: tuple | None = None  # cross-tokenizer full-distribution form's events (opd_jax.crosstok.projection)
+  cover_rank: object = None  # cross-tokenizer corrected boundaries: the student's cover ranks (opd_jax.crosstok.cover)
 
   @classmethod
   def for_run(cls, spec: RunSpec, *, vocab_size: int, eos_ids: tuple[int, ...], pad_id: int,
@@ -95,7 +96,8 @@ def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTran
   fn = functools.partial(train_step, graphdef, optimizer, settings.objective, settings.rollout.temperature,
                          settings.objective.is_cap, teacher_graphdef=teacher_graphdef,
                          logits_chunk=settings.logits_chunk, micro_batch_size=micro,
-                         teacher_names=settings.teacher_names, projection=settings.projection)
+                         teacher_names=settings.teacher_names, projection=settings.projection,
+                         cover_rank=settings.cover_rank)
   return jax.jit(shard_lib.with_activations_on(mesh, fn),
                  in_shardings=(state_shardings, shard_lib.batch_sharding(mesh), teacher_shardings),
                  out_shardings=(state_shardings, shard_lib.replicated(mesh)), donate_argnums=(0,))

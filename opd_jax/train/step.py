@@ -39,7 +39,7 @@ from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
                                        divergence_marginalized, divergence_topk, divergence_uld, effective_sample_size,
                                        group_advantages, masked_mean)
-from opd_jax.objectives.spans import span_total
+from opd_jax.objectives.spans import cover_delta, span_corrections, span_total
 
 
 @jax.tree_util.register_dataclass
@@ -71,15 +71,18 @@ class RolloutBatch:
   span_BxR: jax.Array | None = None  # cross-tokenizer runs: each token's span in its row (LossInputs.span_BxR)
   # cross-tokenizer marginal form: 1 where the teacher's token merged its response prefix (opd_jax.crosstok.view)
   after_prefix_BxR: jax.Array | None = None
+  # cross-tokenizer span form with corrected boundaries: the student's covers (view.student_cover_BxRx4)
+  span_cover_BxRx4: jax.Array | None = None
 
   @classmethod
   def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
                teacher_k: int, sampler_k: int, snapshot: bool, span: bool = False,
-               after_prefix: bool = False) -> "RolloutBatch":
+               after_prefix: bool = False, span_cover: bool = False) -> "RolloutBatch":
     """The batch's shapes and dtypes (jax.ShapeDtypeStruct, rows sharded by `rows`), for compiling a step before
     any rollout exists (the memory planner). teacher_hidden: (D, dtype) for exact vocabulary objectives;
     teacher_k / sampler_k: top-k widths (0 = absent); snapshot: the mismatch split's snapshot log-probs; span: a
-    cross-tokenizer teacher's spans; after_prefix: the marginal form's response-prefix positions."""
+    cross-tokenizer teacher's spans; after_prefix: the marginal form's response-prefix positions; span_cover: the
+    student's covers of corrected boundaries."""
     def a(shape, dtype):
       return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rows)
     B, P, R = batch, prompt, response
@@ -94,7 +97,8 @@ class RolloutBatch:
         sampler_top_ids_BxRxK=a((B, R, sampler_k), jnp.int32) if sampler_k else None,
         snapshot_logp_BxR=a((B, R), jnp.float32) if snapshot else None,
         span_BxR=a((B, R), jnp.int32) if span else None,
-        after_prefix_BxR=a((B, R), jnp.float32) if after_prefix else None)
+        after_prefix_BxR=a((B, R), jnp.float32) if after_prefix else None,
+        span_cover_BxRx4=a((B, R, 4), jnp.int32) if span_cover else None)
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
@@ -114,10 +118,11 @@ def _per_teacher(names: tuple[str, ...], learner_logp_BxR, teacher_logp_BxR, mas
 
 
 def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, logits_chunk: int, teacher,
-                     vocab_metrics: bool, events, params, batch: RolloutBatch):
+                     vocab_metrics: bool, events, rank_V, params, batch: RolloutBatch):
   """Per-token learner quantities of one (micro-)batch, [B, R] each: "logp" (differentiable), "divergence"
-  (vocabulary objectives, differentiable) and "vocab/*" mismatch terms (no gradient). events: a cross-tokenizer
-  teacher's common events (the full-distribution form, opd_jax.crosstok.projection), or None."""
+  (vocabulary objectives, differentiable), "vocab/*" mismatch terms and "cover_delta" (no gradient). events: a
+  cross-tokenizer teacher's common events (the full-distribution form, opd_jax.crosstok.projection), or None.
+  rank_V: the student vocabulary's cover ranks when the batch has covers (opd_jax.crosstok.cover), or None."""
   model = nnx.merge(graphdef, params)
   arrays = {"hidden": response_hidden(model, batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR,
                                       batch.mask_BxR),
@@ -132,11 +137,17 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
   if vocab_metrics:
     arrays["sampler_top_logp"] = batch.sampler_top_logprobs_BxRxK
     arrays["sampler_top_ids"] = batch.sampler_top_ids_BxRxK
+  covers = rank_V is not None and batch.span_cover_BxRx4 is not None
+  if covers:
+    arrays["cover"] = batch.span_cover_BxRx4[..., :2]
   beta, t = objective.vocab_beta, objective.temperature
 
   def per_chunk(x):
     logits_BxCxV = model.logits(x["hidden"])
-    out = {"logp": gather_logp(tempered_log_softmax(logits_BxCxV, temperature), x["tokens"])}
+    logp_BxCxV = tempered_log_softmax(logits_BxCxV, temperature)
+    out = {"logp": gather_logp(logp_BxCxV, x["tokens"])}
+    if covers:
+      out["cover_delta"] = jax.lax.stop_gradient(cover_delta(logp_BxCxV, x["tokens"], x["cover"], rank_V))
     if objective.needs_teacher_hidden:
       teacher_logits_BxCxV = jax.lax.stop_gradient(teacher.logits(x["teacher_hidden"]))
       out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if events is None
@@ -158,7 +169,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
                temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
                teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
                mismatch_metrics: bool = True, teacher_names: tuple[str, ...] = (),
-               projection: tuple | None = None):
+               projection: tuple | None = None, cover_rank=None):
   """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
 
   teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
@@ -167,7 +178,9 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   batch). mismatch_metrics=False drops the mismatch families (benchmarks measure their cost). teacher_names: the
   teachers of a multi-teacher run, in the order of the batch's teacher_route_BxN columns (per-teacher metrics).
   projection: a cross-tokenizer teacher's common events (opd_jax.crosstok.projection.character_events; the exact
-  vocabulary objectives then compare both distributions marginalized onto them, at span starts).
+  vocabulary objectives then compare both distributions marginalized onto them, at span starts). cover_rank: the
+  student vocabulary's cover ranks (opd_jax.crosstok.cover) with corrected boundaries: the span form's student
+  span totals then get the student's cover corrections at the batch's span_cover_BxRx4.
   """
   mask = batch.mask_BxR
   B = mask.shape[0]
@@ -185,12 +198,14 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   events = None if projection is None else (
       jnp.asarray(projection[0], jnp.int32), jnp.asarray(projection[1], jnp.int32), projection[2],
       None if len(projection) < 4 or projection[3] is None else jnp.asarray(projection[3], jnp.int32))
+  rank_V = None if cover_rank is None else jnp.asarray(cover_rank, jnp.int32)
   forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
-                              vocab_metrics, events)
+                              vocab_metrics, events, rank_V)
   loss, aux, grads, per_token = _gradients(forward, objective, state.params, batch, advantage_B, token_count, M)
   learner_logp_BxR = per_token.pop("learner_logp")
   new_state, update = _guarded_update(optimizer, objective, state, loss, aux, grads)
-  metrics = _learner_metrics(objective, batch, loss, aux, update, advantage_B, learner_logp_BxR, teacher_names)
+  metrics = _learner_metrics(objective, batch, loss, aux, update, advantage_B, learner_logp_BxR, teacher_names,
+                             per_token.pop("span_correction", None))
   if mismatch_metrics:
     metrics.update(_mismatch_metrics(batch, learner_logp_BxR, per_token, is_cap, vocab_metrics))
   return new_state, metrics
@@ -202,8 +217,13 @@ def _gradients(forward, objective: ObjectiveConfig, params, batch: RolloutBatch,
   def loss_fn(params, micro: RolloutBatch, micro_advantage_B):
     per_token = forward(params, micro)
     learner_logp_BxR = per_token.pop("logp") * micro.mask_BxR
+    correction_BxR = None
+    if "cover_delta" in per_token:  # the student's cover corrections of its span totals (opd_jax.crosstok.cover)
+      correction_BxR = span_corrections(per_token.pop("cover_delta") * micro.mask_BxR, micro.span_cover_BxRx4,
+                                        micro.span_BxR)
+      per_token["span_correction"] = correction_BxR
     inputs = LossInputs(learner_logp_BxR, micro.sampler_logp_BxR, micro.teacher_logp_BxR, micro.mask_BxR,
-                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR)
+                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR, correction_BxR)
     loss, aux = compute_loss(inputs, objective, token_count)
     per_token["learner_logp"] = learner_logp_BxR
     return loss, (aux, jax.lax.stop_gradient(per_token))
@@ -243,9 +263,12 @@ def _guarded_update(optimizer: optax.GradientTransformation, objective: Objectiv
 
 
 def _learner_metrics(objective: ObjectiveConfig, batch: RolloutBatch, loss, aux: dict, update: dict, advantage_B,
-                     learner_logp_BxR, teacher_names: tuple[str, ...]) -> dict:
-  """The step's loss, update and OPD metrics (and per teacher, in a routed run)."""
+                     learner_logp_BxR, teacher_names: tuple[str, ...], span_correction_BxR=None) -> dict:
+  """The step's loss, update and OPD metrics (and per teacher, in a routed run). span_correction_BxR: the
+  student's cover corrections with corrected boundaries (the k1 estimate compares character-level spans)."""
   mask, teacher_logp_BxR = batch.mask_BxR, batch.teacher_logp_BxR
+  if span_correction_BxR is not None:
+    teacher_logp_BxR = teacher_logp_BxR - span_correction_BxR
   if batch.span_BxR is not None:  # a span's teacher log-prob, shared evenly by its student tokens
     teacher_logp_BxR = teacher_logp_BxR / jnp.maximum(span_total(mask, batch.span_BxR, batch.span_BxR), 1.0)
   metrics = {
