@@ -105,6 +105,13 @@ def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir):
   same = mp.plan_memory(plan_of(tiny_dir, objective__name="reverse_kl"))
   # 2 x (8 + 32) teacher tokens against 8 + 32
   assert result.programs["teacher_score"].argument_bytes > same.programs["teacher_score"].argument_bytes
+  # corrected boundaries: the span form's programs take the covers (the teacher's and the student's)
+  corrected = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
+                                     objective__name="reverse_kl_pg", cross_tokenizer__boundaries="corrected"))
+  settled = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
+                                   objective__name="reverse_kl_pg"))
+  for name in ("teacher_score", "train_step"):
+    assert corrected.programs[name].argument_bytes > settled.programs[name].argument_bytes, name
 
 
 def test_bigger_batch_bigger_train_step_peak(tiny_dir):

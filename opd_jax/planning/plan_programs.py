@@ -12,6 +12,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -106,17 +107,27 @@ def _cross_programs(plan: PlanSpec, t_graphdef, t_params, objective, settings, r
   Pt, Rt = plan.run.cross.lengths(plan.prompt_tokens, plan.response_tokens)
   R = plan.response_tokens
 
+  rank = _cover_rank(plan, plan.teacher)
+
   def args(rows_count: int) -> tuple:
     shapes = (((Pt,), jnp.int32), ((Pt,), jnp.bool_), ((Rt,), jnp.int32), ((Rt,), jnp.float32), ((Rt,), jnp.int32),
               ((R,), jnp.int32), ((R,), jnp.int32), ((R,), jnp.float32))
+    shapes += (((Rt, 4), jnp.int32),) if rank is not None else ()  # the teacher's covers
     return (t_params, *(_abstract((rows_count, *shape), dtype, rows) for shape, dtype in shapes))
 
   score = span_score_program(t_graphdef, settings.rollout.temperature, settings.logits_chunk,
                              hidden=objective.needs_teacher_hidden,
-                             top_k=objective.top_k if objective.needs_teacher_topk else 0)
-  eval_kl = span_score_program(t_graphdef, 1.0, settings.logits_chunk)
+                             top_k=objective.top_k if objective.needs_teacher_topk else 0, cover_rank=rank)
+  eval_kl = span_score_program(t_graphdef, 1.0, settings.logits_chunk, cover_rank=rank)
   return {"teacher_score": Program(score, args(B), ("teacher_params",)),
           "eval_span_kl": Program(eval_kl, args(E), ("teacher_params",))}
+
+
+def _cover_rank(plan: PlanSpec, model):
+  """Placeholder cover ranks of `model`'s vocabulary with corrected boundaries (the programs' shapes; the real ones
+  come from the tokenizers, opd_jax.crosstok.cover), else None."""
+  cross = plan.run.cross
+  return np.zeros(model.vocab_size, np.int32) if cross.enabled and cross.boundaries == "corrected" else None
 
 
 def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
@@ -127,6 +138,8 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   """
   B, P, K = plan.batch_size, plan.prompt_tokens, plan.sampler_top_k
   settings = plan.settings(micro_batch_size)
+  if _cover_rank(plan, plan.student) is not None:
+    settings = dataclasses.replace(settings, cover_rank=_cover_rank(plan, plan.student))
   objective, rollout = settings.objective, settings.rollout
   t_options, s_options = plan.model_options("teacher"), plan.model_options("student")
   s_graphdef, s_params = _abstract_model(plan.student, **s_options)
@@ -149,7 +162,7 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
       teacher_hidden=(plan.teacher.hidden_size, jnp.dtype(t_options["dtype"])) if objective.needs_teacher_hidden
       else None, teacher_k=objective.top_k if objective.needs_teacher_topk else 0, sampler_k=K, snapshot=split,
       span=plan.run.cross.enabled, after_prefix=plan.run.cross.enabled and objective.needs_teacher_hidden
-      and bool(plan.run.cross.teacher_response_prefix))
+      and bool(plan.run.cross.teacher_response_prefix), span_cover=settings.cover_rank is not None)
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))
