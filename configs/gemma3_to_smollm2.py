@@ -28,8 +28,9 @@ TEACHER_FORMAT = ("Q: What is the French word for dog?\nA: chien\n\nQ: What is t
 
 
 def get_config(arg=None):
-  """arg: 'runlocal' (smoke run), 'objective=NAME' (reverse_kl_pg | reverse_kl | uld)."""
-  args = common.parse_arg(arg, runlocal=False, objective="reverse_kl_pg")
+  """arg: 'runlocal' (smoke run), 'objective=NAME' (reverse_kl_pg | reverse_kl | uld), 'boundaries=settled' (the
+  span form's spans end only at settled boundaries)."""
+  args = common.parse_arg(arg, runlocal=False, objective="reverse_kl_pg", boundaries="")
   c = common.base_config("gemma3_to_smollm2")
 
   # Preparation (opd_jax/prepare/pair.py): both models imported once into prepare.dir, reused by every later run.
@@ -60,6 +61,10 @@ def get_config(arg=None):
   c.cross_tokenizer.teacher_response_prefix = " "  # "A: chien": the answer follows a space, as in the examples
   c.cross_tokenizer.max_teacher_prompt_tokens = 64  # the two-shot prompts are 44-47 Gemma tokens
   c.cross_tokenizer.max_teacher_response_tokens = 64  # Gemma spells English text in fewer tokens than 2x SmolLM2's
+  # Span ends: of the student's tokens 183 of 196 end where Gemma's do, but 4 of those boundaries are settled (both
+  # tokenizers would merge the same next characters across them), so settled-only spans are whole answers. The
+  # span form corrects the others (opd_jax/crosstok/cover.py); the other objectives need settled boundaries.
+  c.cross_tokenizer.boundaries = args.boundaries or ("corrected" if args.objective == "reverse_kl_pg" else "settled")
 
   c.rollout.max_new_tokens = 32  # a word, or a sentence around it
   # The answer is its first line (the grader reads the first line; the teacher's answers end at a blank line): a
