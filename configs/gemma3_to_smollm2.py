@@ -61,9 +61,10 @@ def get_config(arg=None):
   c.cross_tokenizer.teacher_response_prefix = " "  # "A: chien": the answer follows a space, as in the examples
   c.cross_tokenizer.max_teacher_prompt_tokens = 64  # the two-shot prompts are 44-47 Gemma tokens
   c.cross_tokenizer.max_teacher_response_tokens = 64  # Gemma spells English text in fewer tokens than 2x SmolLM2's
-  # Span ends: of the student's tokens 183 of 196 end where Gemma's do, but 4 of those boundaries are settled (both
-  # tokenizers would merge the same next characters across them), so settled-only spans are whole answers. The
-  # span form corrects the others (opd_jax/crosstok/cover.py); the other objectives need settled boundaries.
+  # Span ends: on the student's 50 step-0 answers, 821 shared boundaries are unsettled (the two tokenizers would
+  # merge different next characters across them) and settled-only spans run 11.2 student tokens; corrected, 1.1
+  # (results/gemma3/boundaries.json). The span form corrects them (opd_jax/crosstok/cover.py); the other
+  # objectives need settled boundaries.
   c.cross_tokenizer.boundaries = args.boundaries or ("corrected" if args.objective == "reverse_kl_pg" else "settled")
 
   c.rollout.max_new_tokens = 32  # a word, or a sentence around it

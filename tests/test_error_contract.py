@@ -190,6 +190,8 @@ CASES = [
     ("heldout_screen_pair", "study/heldout_screen.py", "--pair=pair9", "--out_dir={d}/out",
      "--pair='pair9' is not one of"),
     ("heldout_screen_no_screens", "study/heldout_screen.py", "--select", "--out_dir={d}", "no screen file"),
+    ("span_boundaries_step", "study/span_boundaries.py", "--samples=results/gemma3/marginal_run_seed0/samples.jsonl",
+     "--step=7", "--out={d}/b.json", "no student sample at step 7"),
     ("transfer_no_main_run", "study/transfer.py", "--validation={d}/v.json", "--out={d}/t.json", "give --main_run"),
     ("transfer_no_validation", "study/transfer.py", "--validation={d}/none.json", "--main_run={d}/t.json",
      "--out={d}/t.json", "none.json"),
