@@ -227,7 +227,7 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   out.parent.mkdir()
   subprocess.run([sys.executable, "launch/bench/engine.py", "--checkpoint=opd_jax/assets/pair1/student",
                   "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.04",
-                  f"--out={out}"], check=True, capture_output=True, text=True)
+                  "--capacity_requests=24", f"--out={out}"], check=True, capture_output=True, text=True)
   result = json.loads(out.read_text())
   for workload in ("equal", "longtail"):
     row = result[workload]
@@ -241,6 +241,7 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   capacity = {r["kv_dtype"]: r for r in result["capacity"]}
   assert capacity["bf16"]["static_rows"] < capacity["fp8_e4m3"]["static_rows"] < capacity["int4"]["static_rows"]
   for r in capacity.values():  # full while requests wait: the mean live rows lie between 1 and the peak
+    assert r["requests"] == 24  # the 8 long-tail prompts, cycled
     assert r["saturated_rounds"] > 0 and 1 <= r["paged_mean_rows"] <= r["paged_peak_rows"]
   from study.tables import bench  # what docs render from results/bench/engine.json
   rendered = bench.tables(str(tmp_path))

@@ -17,7 +17,10 @@ Capacity: in a fixed KV budget (--kv_budget_mib), how many long-tail sequences e
 dtype: the static sampler reserves prompt + cap slots per row; the paged engine (as many rows as requests, a pool of
 the budget's bytes, --admit_headroom of it kept free at each admission) is measured by its mean live rows over the
 rounds in which requests were waiting (the engine full), beside its peak, its preemptions and what
-rollout.memory.concurrent_sequences predicts from the workload's mean sequence length.
+rollout.memory.concurrent_sequences predicts from the workload's mean sequence length. Its requests
+(--capacity_requests) cycle through the long-tail prompts, each under its own key: enough that requests wait
+through most rounds at the smallest KV dtype too (64 requests left int4's pool, which holds about 58 of them, never
+full, and fp8's full in 7 rounds of 64).
 """
 
 import os
@@ -41,6 +44,8 @@ _KV_BUDGET = flags.DEFINE_float("kv_budget_mib", 64.0, "KV memory budget of the 
 _KV_DTYPES = flags.DEFINE_list("kv_dtypes", ["bf16", "fp8_e4m3", "int4"], "KV dtypes of the capacity measurement.")
 _MEMORY_ROWS = flags.DEFINE_integer("memory_rows", 0, "Long tail: rows of the paged engine in the static batches' "
                                     "KV memory; 0 = 2 x --rows.")
+_CAPACITY_REQUESTS = flags.DEFINE_integer("capacity_requests", 256, "Capacity: requests (the long-tail prompts, "
+                                          "cycled, each under its own key).")
 _HEADROOM = flags.DEFINE_float("admit_headroom", 0.1, "Capacity: share of the pool kept free at each admission.")
 _WORKLOADS = flags.DEFINE_list("workloads", ["equal", "longtail", "capacity"], "What to run.")
 _OUT = flags.DEFINE_string("out", None, "Write the measurements to this JSON file.")
@@ -157,7 +162,7 @@ def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
     mean = float(np.mean([len(p) for p in prompts]) + np.asarray(sample.mask_BxN).sum(axis=1).mean())
     predicted = concurrent_sequences(budget // per_token, prompt_tokens=max(map(len, prompts)),
                                      max_new_tokens=sampling.max_new_tokens, mean_tokens=mean, page_size=_PAGE.value)
-    out.append({"kv_dtype": kv, "budget_bytes": budget, "bytes_per_token": per_token, "static_rows": int(static_rows),
+    out.append({"kv_dtype": kv, "requests": len(prompts), "budget_bytes": budget, "bytes_per_token": per_token, "static_rows": int(static_rows),
                 "paged_mean_rows": stats.get("mean_rows_saturated", 0.0), "paged_peak_rows": stats["peak_rows"],
                 "saturated_rounds": stats.get("saturated_rounds", 0), "rounds": stats["rounds"],
                 "paged_rows_predicted": predicted["paged"], "mean_sequence_tokens": mean, "paged_pages": pages,
@@ -212,8 +217,12 @@ def run():
     result["longtail"] = _compare("longtail", graphdef, state, sampling, chat, keys, engine_for(chat), token_bytes,
                                   same_memory=True)
   if "capacity" in _WORKLOADS.value:
+    if _CAPACITY_REQUESTS.value < 1:
+      raise InputError(f"--capacity_requests={_CAPACITY_REQUESTS.value} must be >= 1")
     sampling = SamplingConfig(max_new_tokens=_NEW.value, temperature=_TEMPERATURE.value, eos_ids=eos, pad_id=0)
-    result["capacity"] = _capacity(graphdef, state, sampling, chat, keys, mc)
+    many = [chat[q % len(chat)] for q in range(_CAPACITY_REQUESTS.value)]
+    many_keys = jax.vmap(lambda q: jax.random.fold_in(jax.random.key(1), q))(jnp.arange(len(many)))
+    result["capacity"] = _capacity(graphdef, state, sampling, many, many_keys, mc)
   if _OUT.value:
     from opd_jax.experiments.files import write_json
     write_json(_OUT.value, result)
