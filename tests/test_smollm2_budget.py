@@ -89,3 +89,29 @@ def test_the_validation_sweep_trains_the_selection_at_heldout_seeds(tmp_path, mo
                      ("seed=3,pairs=pair1", "real pair")):
     with pytest.raises(ValueError, match=match):
       sweep.get_config(bad)
+
+
+def test_the_calibration_table_shows_each_seeds_rise_over_its_own_baseline(tmp_path):
+  """study/tables/real_pair.py: rendered only when every planned point of every seed finished; a point's rise is
+  its final reverse KL over its own seed's baseline, as a fraction of the baseline's (the budget's quality)."""
+  import json
+  import os
+  import shutil
+  from study.tables import real_pair
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  seed0 = os.path.join(repo, "results", "smollm2", "campaign", "smollm2_budget_seed0.jsonl")
+  root = tmp_path / "smollm2"
+  (root / "campaign").mkdir(parents=True)
+  shutil.copy(seed0, root / "campaign" / "smollm2_budget_seed0.jsonl")
+  assert real_pair._campaign(str(root)) is None  # seed 1 missing
+  rows = [json.loads(line) for line in open(seed0)]
+  for r in rows:  # a second seed whose reverse KLs are all 10% higher: the same relative rises
+    r["seed"], r["final_reverse_kl"] = 1, r["final_reverse_kl"] * 1.1
+  (root / "campaign" / "smollm2_budget_seed1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  table = real_pair._campaign(str(root))
+  assert sorted(table) == [0, 1]
+  rendered = real_pair.campaign_table(table)
+  base = {r["point"]: r["final_reverse_kl"] / 1.1 for r in rows}
+  rise = 100 * (base["w_int4"] / base["baseline"] - 1)
+  assert "| w_int4 |" in rendered and f"+{rise:.1f}% / +{rise:.1f}% | +{rise:.1f}% |" in rendered
+  assert rendered.count("\n| ") == len(campaign.CALIBRATION)  # one row per point

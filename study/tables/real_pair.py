@@ -12,6 +12,8 @@ files under results/smollm2/ (how each is made is in docs/real_pair.md):
   sensitivity_<precision>.json           launch/sensitivity.py on the real pair (recipe_<precision>.json: its recipe)
   recipes.jsonl                          configs/sweeps/smollm2.py (recipes trained on the real pair)
   loops/<student>.json                   study/loops.py: both models' probability of the greedy token in loops
+  campaign/smollm2_budget_seed<S>.jsonl  configs/sweeps/smollm2_budget.py: the budget's calibration points, per seed
+                                         (rendered once every point of every seed of the plan has finished)
 """
 
 from __future__ import annotations
@@ -200,6 +202,42 @@ def recipes_table(rows: list[dict]) -> str:
              body)
 
 
+def campaign_table(per_seed: dict[int, list[dict]]) -> str:
+  """Per calibration point (in plan order): the run's mean k3 (seed mean), each seed's final held-out reverse KL,
+  its rise over the same seed's baseline as a fraction of the baseline's (the budget's quality,
+  opd_jax.mismatch.budget.QUALITIES["reverse_kl"]), the seed mean of that rise, and each seed's capitals accuracy."""
+  from opd_jax.mismatch.budget import QUALITIES
+  loss = QUALITIES["reverse_kl"][1]
+  seeds = sorted(per_seed)
+  by_seed = {seed: {r["point"]: r for r in fill_deltas(rows)} for seed, rows in per_seed.items()}
+  body = []
+  for point in by_seed[seeds[0]]:
+    runs = [by_seed[seed][point] for seed in seeds]
+    k3 = [r["mismatch"].get("mismatch/k3") for r in runs]
+    rises = [loss(r) for r in runs] if point != "baseline" else []
+    body.append([point, f"{sum(k3) / len(k3):.3g}", " / ".join(_f(r["final_reverse_kl"]) for r in runs),
+                 " / ".join(f"{100 * x:+.1f}%" for x in rises) or "", f"{100 * sum(rises) / len(rises):+.1f}%"
+                 if rises else "", " / ".join(_pct(r["final_accuracy"]) for r in runs)])
+  per = f"seed {' / '.join(map(str, seeds))}"
+  return md_table(["point", "run k3 (seed mean)", f"final reverse KL ({per})", "rise vs own baseline", "seed mean",
+                   f"capitals accuracy ({per})"], body)
+
+
+def _campaign(root: str) -> dict[int, list[dict]] | None:
+  """The campaign's rows per seed, when every point of configs/sweeps/smollm2_budget.py has finished at every seed
+  of its plan; else None (partial campaigns are not rendered)."""
+  from configs.sweeps import smollm2_budget as plan
+  per_seed = {}
+  for seed in plan.SEEDS:
+    path = os.path.join(root, "campaign", f"smollm2_budget_seed{seed}.jsonl")
+    rows = read_results(path) if os.path.exists(path) else []
+    done = {r["point"] for r in rows if r.get("status") == "ok"}
+    if not {name for name, _ in plan.CALIBRATION} <= done:
+      return None
+    per_seed[seed] = rows
+  return per_seed
+
+
 def _seed_folders(run: str) -> list[tuple[int, str]]:
   """(seed, folder) of every run/seed<S>/ holding a metrics.jsonl, by seed."""
   if not os.path.isdir(run):
@@ -264,4 +302,7 @@ def tables(results_dir: str) -> dict[str, str]:
     out["smollm2 loops"] = loops_table(sorted(reports, key=lambda r: (r["step"], r["samples"])))
   if os.path.exists(os.path.join(root, "recipes.jsonl")):
     out["smollm2 recipes"] = recipes_table(read_results(os.path.join(root, "recipes.jsonl")))
+  campaign = _campaign(root)
+  if campaign:
+    out["smollm2 budget calibration"] = campaign_table(campaign)
   return out
