@@ -384,6 +384,7 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
   assert any(r["cross_tokenizer/student_tokens_per_span"] > 1 for r in steps)
   evals = [r for r in rows if "eval/span_reverse_kl" in r]
   assert evals and np.isfinite(evals[-1]["eval/span_reverse_kl"]) and "eval/reverse_kl" not in evals[-1]
+  assert np.isfinite(evals[-1]["eval/span_reverse_kl_per_response"])  # per-token means move with answer length
   assert any(r["cross_tokenizer/boundaries_corrected"] > 0 for r in steps) == corrected
 
 

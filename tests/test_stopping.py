@@ -71,6 +71,11 @@ def test_evaluation_reports_the_share_at_the_cap_and_the_share_that_repeats(tmp_
   assert result["at_cap"] == 2 / 3 and result["repetition"] == 1 / 3
   assert abs(result["response_tokens"] - (16 + 16 + 6) / 3) < 1e-6
   assert evaluation.repeats([5] * 9) and not evaluation.repeats([5] * 8)
+  # with a KL function: its token mean, and its mean per response (3 responses, 38 tokens)
+  kl_fn = lambda state, teacher, prompts, valid, response, mask: (float(np.sum(mask)) * 0.5, float(np.sum(mask)))
+  result = evaluation.evaluate(sampler, None, load_tokenizer(path), problems, max_prompt_tokens=8, batch_size=3,
+                               key=jax.random.PRNGKey(0), kl_fn=kl_fn)
+  assert result["kl"] == 0.5 and abs(result["kl_per_response"] - 0.5 * 38 / 3) < 1e-6
 
 
 def test_stop_text_ends_every_response_at_its_first_line(tmp_path):

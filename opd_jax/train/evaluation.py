@@ -108,7 +108,7 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
   """Accuracy (over the problems with an answer), mean response tokens, "at_cap" (the share of responses that
   used every token of the sampler's budget, i.e. did not end), "repetition" (the share in which some
   REPEAT_NGRAM-token sequence occurs twice) and, given kl_fn (a `make_kl_fn` function, called with `state` and
-  `teacher_state`), its token mean as "kl".
+  `teacher_state`), its token mean as "kl" and its mean per response as "kl_per_response".
 
   Problems are processed in batches of `batch_size` (the last one padded by repeating, then dropped); `put`
   places each input batch (e.g. onto a sharded mesh). `keep` collects the responses and texts. With
@@ -161,6 +161,7 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
     result["accuracy"] = float(np.mean(correct))
   if teachers_kl:
     result["kl"] = float(kl_sums.sum() / max(kl_counts.sum(), 1.0))
+    result["kl_per_response"] = float(kl_sums.sum() / max(len(lengths), 1))
   if len(teachers_kl) > 1:
     result["kl_by_teacher"] = {n: float(t / c) for n, (t, c) in enumerate(zip(kl_sums, kl_counts)) if c}
   return result

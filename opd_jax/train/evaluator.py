@@ -46,6 +46,9 @@ class Evaluator:
                        "reverse_kl")
       if "kl" in result:
         row[f"eval/{metric}"] = result.pop("kl")
+      per_response = result.pop("kl_per_response", None)
+      if per_response is not None and metric != "reverse_kl":  # a span estimate: its per-token mean moves with
+        row[f"eval/{metric}_per_response"] = per_response  # which tokens answers keep as they change length
       for n, value in result.pop("kl_by_teacher", {}).items():  # each held-out prompt against its own teacher
         row[f"eval/teachers/{run.teachers.names[n]}/{metric}"] = value
       row.update({f"eval/{k}{suffix}": v for k, v in result.items()})
