@@ -63,9 +63,10 @@ def get_config(arg=None):
   # (docs/real_pair.md, "Why the distilled student stopped stopping"); unweighted, 94% of rows were those.
   c.data.mix = "chat=1,capitals=1"
 
-  # Admission's budget file: the embedded pairs' until the real pair's own campaign (configs/sweeps/smollm2_budget.py)
-  # ships results/smollm2/budget.json.
-  c.admission_budget = os.path.join(common.REPO, "results", "budget.json")
+  # Admission's budget file: the real pair's own (configs/sweeps/smollm2_budget.py: 10 points x 2 seeds of 100-step
+  # runs, reverse-KL quality, and its own step-0 / run-mean k3 factor). The embedded pairs' pooled one is
+  # results/budget.json (launch/admit.py --budget=results/budget.json).
+  c.admission_budget = os.path.join(common.REPO, "results", "smollm2", "budget.json")
 
   c.rollout.max_new_tokens = 48  # response budget (longer answers are cut; OPD learns from the prefix)
   c.rollout.split_mismatch = False  # no dense copies per lagged version: a real-model run does not need them

@@ -166,6 +166,19 @@ def test_budget_json_is_recomputed_from_the_shipped_seeds():
   assert said in " ".join(_read("README.md").split())
 
 
+def test_the_real_pairs_own_budget_is_recomputed_and_is_what_its_config_admits_with():
+  """results/smollm2/budget.json is launch/calibrate.py --seed_means --quality=reverse_kl over the campaign's two
+  seeds and its own admission factor (every calibration point but the baseline), and configs/smollm2.py names it."""
+  from configs import common
+  budget = _recomputed(os.path.join("smollm2", "budget.json"))
+  assert (budget["quality"], budget["tolerance"], budget["steps"], budget["seed_means"]) == ("reverse_kl", 0.05, 100,
+                                                                                             True)
+  assert budget["results"] == [f"results/smollm2/campaign/smollm2_budget_seed{s}.jsonl" for s in (0, 1)]
+  assert budget["k3_conversion"]["by_steps"]["100"]["smollm2"]["n"] == 9
+  assert all(p["seeds"] == 2 for p in budget["budgets"]["smollm2"]["points"])
+  assert common.config_for("smollm2").admission_budget == os.path.join(ROOT, "results", "smollm2", "budget.json")
+
+
 def test_the_one_seed_budgets_are_recomputed_from_seed_0():
   """results/replicated/budget_one_seed.json: the same calibration on seed 0 alone (admission's budgets before the
   replicated calibration; docs/study.md compares the two)."""
