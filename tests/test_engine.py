@@ -97,8 +97,13 @@ def test_a_requests_tokens_do_not_depend_on_its_batch_and_the_programs_do_not_re
   engine = PagedEngine(graphdef, sampling, SMALL)
   rows, widths = engine.shapes()
   assert (rows, widths) == ([1, 2, 4], [1, 2, 4, 8, 10, 12])  # 12 pages: 24 prompt + 20 new + 3 decode tokens
+  # Prompts of up to one chunk (8 tokens) prefill at their length rounded to a page, reading those pages only.
+  assert engine.prefill_shapes() == [(4, 1), (8, 2), (8, 12)]
   warm = engine.warmup(state)
-  assert warm == 2 * len(rows) + 1 + len(widths)  # prefill and first token per row bucket, the page copy, decode
+  # Decode rounds run on R, R / 2 or R / 4 rows (the live ones packed first).
+  assert engine.decode_rows() == [1, 2, 4]
+  # prefill per row bucket and shape, first token per row bucket, the page copy, decode per row count and width
+  assert warm == len(rows) * 3 + len(rows) + 1 + 3 * len(widths)
   crowded, stats = engine.generate(state, prompts, keys)
   alone, _ = engine.generate(state, prompts[:1], keys[:1])
   shuffled, _ = engine.generate(state, prompts[::-1], keys[::-1])

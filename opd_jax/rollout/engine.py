@@ -7,13 +7,15 @@ C prompt tokens per prefill call, D decode steps per host round trip, N max new 
 SampleOutput for the Q requests, in request order, and the run's statistics. The host keeps a queue of requests, a
 free list of pages and R rows. Each round it:
   1. admits waiting requests into free rows while the pool has pages for their prompt and one round of decoding,
-     and prefills them (C prompt tokens per call, rows bucketed to powers of two, so shapes come from a fixed set);
+     and prefills them (C prompt tokens per call, or one call of the longest prompt rounded up to a page when it
+     fits one; rows bucketed to powers of two, so shapes come from a fixed set);
      the last prompt position's logits give the request's first token. A group (samples_per_prompt) is admitted
      whole and prefilled once; its rows share the prompt's full pages (rollout.scheduler);
   2. gives every running row the pages its next D tokens need; when the pool runs dry, the newest row is
      preempted (its pages freed, the request queued again at the front, its tokens discarded: with per-request
      keys its rerun draws the same tokens);
-  3. runs D decode steps over all R rows in one jitted program (finished and empty rows write to the trash page);
+  3. runs D decode steps over the running rows in one jitted program (packed into R, R / 2 or R / 4 rows; finished
+     and empty rows write to the trash page);
   4. retires rows that ended (EOS or their cap) and frees their pages.
 
 Per-request determinism: token t of request q is drawn under fold_in(keys[q], t) (sampler.choose_tokens_per_row),
@@ -91,6 +93,13 @@ def _width(n: int, limit: int) -> int:
     return _bucket(n, limit)
   quarter = _bucket(n, 1 << 30) // 8  # n in (4 q, 8 q]: steps of q
   return min(-(-n // quarter) * quarter, limit)
+
+
+def _decode_rows(n: int, limit: int) -> int:
+  """Rows a decode round over n live rows computes: n rounded up to a power of two, at least a quarter of the
+  engine's rows (at most three row counts, so three programs per page-table width). Once the queue is empty the
+  long tail runs on a few rows; decoding all R of them cost the tail as much as a full batch."""
+  return min(max(_bucket(n, limit), -(-limit // 4)), limit)
 
 
 class PagedEngine:
@@ -198,6 +207,29 @@ class PagedEngine:
     rows = sorted({_bucket(n, self.engine.max_rows) for n in range(1, self.engine.max_rows + 1)})
     return rows, sorted({_width(n, self.pages_per_row) for n in range(1, self.pages_per_row + 1)})
 
+  def decode_rows(self) -> list[int]:
+    """Every row count a decode round is called with (`_decode_rows`)."""
+    R = self.engine.max_rows
+    return sorted({_decode_rows(n, R) for n in range(1, R + 1)})
+
+  def prefill_shapes(self) -> list[tuple[int, int]]:
+    """(tokens per row, page-table width) of every prefill call: prompts that fit one chunk are prefilled in one
+    call of their longest prompt rounded up to a page, reading only those pages (`_prefill_shape`); longer
+    prompts in chunks of C over the full page table."""
+    Z, C = self.engine.page_size, self.engine.prefill_chunk
+    return sorted({self._prefill_shape(n) for n in range(Z, C + 1, Z)} | {(C, self.pages_per_row)})
+
+  def _prefill_shape(self, longest: int) -> tuple[int, int]:
+    """(tokens per row, page-table width) of a prefill of prompts whose longest has `longest` tokens. A prompt of
+    at most C tokens takes one call of `longest` rounded up to a page and reads its pages only (the table's width
+    rounded as decode's, `_width`): SmolLM2's chat prompts (35-57 tokens) in chunks of 64 over a 33-page table
+    spent a quarter of their prefill on padding and on attention over empty slots."""
+    Z, C, M = self.engine.page_size, self.engine.prefill_chunk, self.pages_per_row
+    if longest > C:
+      return C, M
+    pages = -(-longest // Z)
+    return pages * Z, _width(pages, M)
+
   def warmup(self, state) -> int:
     """Compile every program shape `generate` can call, running each once on rows that write only to the trash
     page; returns the number of compiled programs. After it, no mix of requests compiles anything."""
@@ -207,14 +239,16 @@ class PagedEngine:
     keys_R, zeros_R = jax.random.split(jax.random.key(0), R), jnp.zeros(R, jnp.int32)
     rows, widths = self.shapes()
     for B in rows:
-      pools, logits_BxV = self._prefill(state, pools, jnp.zeros((B, engine.prefill_chunk), jnp.int32),
-                                        jnp.zeros((B, engine.prefill_chunk), bool),
-                                        jnp.zeros((B, self.pages_per_row), jnp.int32), jnp.zeros(B, jnp.int32))
+      for C, width in self.prefill_shapes():
+        pools, logits_BxV = self._prefill(state, pools, jnp.zeros((B, C), jnp.int32), jnp.zeros((B, C), bool),
+                                          jnp.zeros((B, width), jnp.int32), jnp.zeros(B, jnp.int32))
       self._first(logits_BxV, zeros_R, keys_R)
     pools = self._copy(pools, zeros_R, zeros_R)
-    for width in widths:
-      pools = self._decode(state, pools, zeros_R, jnp.zeros((R, width), jnp.int32), zeros_R, zeros_R,
-                           jnp.ones(R, jnp.int32), jnp.zeros(R, bool), keys_R)[0]
+    for n in self.decode_rows():
+      zeros_n = jnp.zeros(n, jnp.int32)
+      for width in widths:
+        pools = self._decode(state, pools, zeros_n, jnp.zeros((n, width), jnp.int32), zeros_n, zeros_n,
+                             jnp.ones(n, jnp.int32), jnp.zeros(n, bool), keys_R[:n])[0]
     jax.block_until_ready(pools)
     return sum(self.traces.values())
 
@@ -271,16 +305,18 @@ class PagedEngine:
                         *(top or (None, None)), version_BxN=jnp.asarray(outputs.versions)), dict(stats)
 
   def _decode_round(self, state, pools, plan: Scheduler, live: list[int], keys, outputs: Outputs, stats):
-    """D decode steps over every row; the live rows' tokens into the outputs; rows that ended retire."""
-    R, N, M = self.engine.max_rows, self.sampling.max_new_tokens, self.pages_per_row
+    """D decode steps over the live rows, packed into the first of `_decode_rows` slots; their tokens into the
+    outputs; rows that ended retire."""
+    N, M = self.sampling.max_new_tokens, self.pages_per_row
+    R = _decode_rows(len(live), self.engine.max_rows)
     # Attention reads a page table's width of slots: the live rows' longest, rounded up (`_width`).
     table = np.zeros((R, _width(max(len(plan.rows[r].pages) for r in live), M)), np.int32)
     lengths, generated, request = (np.zeros(R, np.int32) for _ in range(3))
     last, alive = np.full(R, self.sampling.pad_id, np.int32), np.zeros(R, bool)
-    for r in live:
+    for j, r in enumerate(live):
       row = plan.rows[r]
-      table[r, :len(row.pages)] = row.pages
-      lengths[r], generated[r], last[r], alive[r], request[r] = row.length, row.generated, row.last_token, 1, row.request
+      table[j, :len(row.pages)] = row.pages
+      lengths[j], generated[j], last[j], alive[j], request[j] = row.length, row.generated, row.last_token, 1, row.request
     pools, out, new_lengths, still = self._decode(
         state, pools, jnp.asarray(last), jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(generated),
         jnp.full(R, N, jnp.int32), jnp.asarray(alive), keys[jnp.asarray(request)])
@@ -288,28 +324,29 @@ class PagedEngine:
     new_lengths, still = np.asarray(new_lengths), np.asarray(still)
     stats["decode_calls"] += 1
     stats["decode_row_steps"] += R * self.engine.decode_steps
-    for r in live:
-      row, n = plan.rows[r], int(out["mask"][r].sum())
-      top = (out["top_vals"][r, :n], out["top_ids"][r, :n]) if outputs.top is not None else None
-      outputs.put(row.request, row.generated, out["tokens"][r, :n], out["logps"][r, :n], top)
+    for j, r in enumerate(live):
+      row, n = plan.rows[r], int(out["mask"][j].sum())
+      top = (out["top_vals"][j, :n], out["top_ids"][j, :n]) if outputs.top is not None else None
+      outputs.put(row.request, row.generated, out["tokens"][j, :n], out["logps"][j, :n], top)
       row.generated += n
-      row.length = int(new_lengths[r])
-      row.last_token = int(out["tokens"][r, n - 1]) if n else row.last_token
-      if not still[r]:
+      row.length = int(new_lengths[j])
+      row.last_token = int(out["tokens"][j, n - 1]) if n else row.last_token
+      if not still[j]:
         plan.release(r)
     return pools
 
   def _prefill_units(self, state, pools, plan: Scheduler, admitted, keys, outputs: Outputs, stats):
     """Prefill each admitted unit's first row, C prompt tokens per call (units bucketed to powers of two); copy the
     partial prompt page to the unit's other rows; draw every row's first token from its unit's logits."""
-    C, M, R = self.engine.prefill_chunk, self.pages_per_row, self.engine.max_rows
+    R = self.engine.max_rows
     B = _bucket(len(admitted), R)
     for start in range(0, len(admitted), B):
       units = admitted[start:start + B]
       prompts = [plan.prompts[plan.rows[unit.rows[0]].request] for unit in units]
-      table = np.zeros((B, M), np.int32)  # prefill reads the full width: one program per row bucket
+      C, M = self._prefill_shape(max(map(len, prompts)))  # C tokens per call, reading M pages
+      table = np.zeros((B, M), np.int32)
       for i, unit in enumerate(units):
-        pages = plan.rows[unit.rows[0]].pages
+        pages = plan.rows[unit.rows[0]].pages[:M]  # the prompt's pages are its first ones
         table[i, :len(pages)] = pages
       for offset in range(0, max(map(len, prompts)), C):
         chunk, valid, lengths = np.zeros((B, C), np.int32), np.zeros((B, C), bool), np.zeros(B, np.int32)
