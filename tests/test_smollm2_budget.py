@@ -115,3 +115,22 @@ def test_the_calibration_table_shows_each_seeds_rise_over_its_own_baseline(tmp_p
   rise = 100 * (base["w_int4"] / base["baseline"] - 1)
   assert "| w_int4 |" in rendered and f"+{rise:.1f}% / +{rise:.1f}% | +{rise:.1f}% |" in rendered
   assert rendered.count("\n| ") == len(campaign.CALIBRATION)  # one row per point
+
+
+def test_the_shipped_selection_is_the_rule_on_the_shipped_screen_and_budget():
+  """results/smollm2/validation/selected.json: the rule applied again to the shipped screen, judged with the shipped
+  budget (whose hash it records), picks the same five points in the same order."""
+  import os
+
+  from opd_jax.experiments.files import read_budget, read_json
+  from study.analysis import heldout
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  plan = heldout.plan_for("smollm2")
+  out = os.path.join(root, plan.out_dir)
+  selected = read_json(os.path.join(out, "selected.json"), "selection")
+  screen = read_json(os.path.join(out, "screen_smollm2.json"), "screen")
+  assert selected["budget_sha256"] == screen["budget_sha256"] == heldout.file_hash(os.path.join(root, plan.budget))
+  again = heldout.select({"smollm2": screen}, read_budget(os.path.join(root, plan.budget)), plan)
+  assert again == selected["points"]
+  assert [p["name"] for p in again["smollm2"]] == ["w_int8_kv_int4", "noise_0.08", "w_fp8_kv_int4", "stale_16",
+                                                     "w_int4_kv_int4"]
