@@ -96,9 +96,8 @@ def _width(n: int, limit: int) -> int:
 
 
 def _decode_rows(n: int, limit: int) -> int:
-  """Rows a decode round over n live rows computes: n rounded up to a power of two, at least a quarter of the
-  engine's rows (at most three row counts, so three programs per page-table width). Once the queue is empty the
-  long tail runs on a few rows; decoding all R of them cost the tail as much as a full batch."""
+  """Rows a decode round over n live rows computes: n rounded up to a power of two, at least a quarter of R (three
+  programs per width), so the long tail's last few rows no longer pay for a full batch."""
   return min(max(_bucket(n, limit), -(-limit // 4)), limit)
 
 
@@ -213,17 +212,15 @@ class PagedEngine:
     return sorted({_decode_rows(n, R) for n in range(1, R + 1)})
 
   def prefill_shapes(self) -> list[tuple[int, int]]:
-    """(tokens per row, page-table width) of every prefill call: prompts that fit one chunk are prefilled in one
-    call of their longest prompt rounded up to a page, reading only those pages (`_prefill_shape`); longer
-    prompts in chunks of C over the full page table."""
+    """(tokens per row, page-table width) of every prefill call (`_prefill_shape`)."""
     Z, C = self.engine.page_size, self.engine.prefill_chunk
     return sorted({self._prefill_shape(n) for n in range(Z, C + 1, Z)} | {(C, self.pages_per_row)})
 
   def _prefill_shape(self, longest: int) -> tuple[int, int]:
     """(tokens per row, page-table width) of a prefill of prompts whose longest has `longest` tokens. A prompt of
     at most C tokens takes one call of `longest` rounded up to a page and reads its pages only (the table's width
-    rounded as decode's, `_width`): SmolLM2's chat prompts (35-57 tokens) in chunks of 64 over a 33-page table
-    spent a quarter of their prefill on padding and on attention over empty slots."""
+    rounded as decode's, `_width`): SmolLM2's chat prompts (35-57 tokens) were prefilled as 64 tokens each,
+    attending over a 33-page table that held at most four pages of them."""
     Z, C, M = self.engine.page_size, self.engine.prefill_chunk, self.pages_per_row
     if longest > C:
       return C, M
@@ -233,7 +230,7 @@ class PagedEngine:
   def warmup(self, state) -> int:
     """Compile every program shape `generate` can call, running each once on rows that write only to the trash
     page; returns the number of compiled programs. After it, no mix of requests compiles anything."""
-    engine, R = self.engine, self.engine.max_rows
+    R = self.engine.max_rows
     state = self._dense(state) if self.sampling.weight_layout == "dense_layers" else state
     pools = self._init_pools(state).pools()
     keys_R, zeros_R = jax.random.split(jax.random.key(0), R), jnp.zeros(R, jnp.int32)
@@ -316,7 +313,8 @@ class PagedEngine:
     for j, r in enumerate(live):
       row = plan.rows[r]
       table[j, :len(row.pages)] = row.pages
-      lengths[j], generated[j], last[j], alive[j], request[j] = row.length, row.generated, row.last_token, 1, row.request
+      lengths[j], generated[j], last[j] = row.length, row.generated, row.last_token
+      alive[j], request[j] = True, row.request
     pools, out, new_lengths, still = self._decode(
         state, pools, jnp.asarray(last), jnp.asarray(table), jnp.asarray(lengths), jnp.asarray(generated),
         jnp.full(R, N, jnp.int32), jnp.asarray(alive), keys[jnp.asarray(request)])
