@@ -14,8 +14,8 @@ free list of pages and R rows. Each round it:
   2. gives every running row the pages its next D tokens need; when the pool runs dry, the newest row is
      preempted (its pages freed, the request queued again at the front, its tokens discarded: with per-request
      keys its rerun draws the same tokens);
-  3. runs D decode steps over the running rows in one jitted program (packed into R, R / 2 or R / 4 rows; finished
-     and empty rows write to the trash page);
+  3. runs D decode steps over the running rows in one jitted program (packed into R, R / 2 or R / 4 rows, at least
+     4; finished and empty rows write to the trash page);
   4. retires rows that ended (EOS or their cap) and frees their pages.
 
 Per-request determinism: token t of request q is drawn under fold_in(keys[q], t) (sampler.choose_tokens_per_row),
@@ -96,9 +96,10 @@ def _width(n: int, limit: int) -> int:
 
 
 def _decode_rows(n: int, limit: int) -> int:
-  """Rows a decode round over n live rows computes: n rounded up to a power of two, at least a quarter of R (three
-  programs per width), so the long tail's last few rows no longer pay for a full batch."""
-  return min(max(_bucket(n, limit), -(-limit // 4)), limit)
+  """Rows a decode round over n live rows computes: n rounded up to a power of two, at least a quarter of R and at
+  least 4 (at most three programs per width), so the long tail's last few rows no longer pay for a full batch;
+  below 4 rows a program saves too little to be worth its compile."""
+  return min(max(_bucket(n, limit), -(-limit // 4), 4), limit)
 
 
 class PagedEngine:
