@@ -133,7 +133,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # | fp8_tensor
   c.rollout.weight_rules = ()  # ordered ((regex, precision), ...) over param paths; overrides `weights`
   c.rollout.quantize_embedding = False  # int8/fp8 shorthands: store the embedding table at that precision too
-  c.rollout.kv_cache = "native"  # sampler KV cache: native | bf16 | int8 | int4 | fp8 | fp8_e5m2
+  c.rollout.kv_cache = "native"  # sampler KV cache: native | bf16 | int8 | int4 | fp8 | fp8_e5m2 (+ "_bf16scale")
   c.rollout.staleness_steps = 0  # sync mode: sampler uses learner version t - staleness_steps
   c.rollout.noise_sigma = 0.0  # relative Gaussian noise on sampler weights, ||noise|| / ||W|| per tensor
   c.rollout.noise_order = "before_quant"  # before_quant | after_quant

@@ -161,6 +161,48 @@ def test_kv_quantization_error_is_bounded():
     kv_cache.check_kv_dtype("int2")
 
 
+def _old_quantize_dequantize(x, kv_dtype):
+  """The float32-scale formula before bfloat16 scales existed (no clip before the cast), for equality."""
+  qmax = kv_cache._QMAX[kv_dtype]
+  scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / qmax
+  scale = jnp.where(scale > 0, scale, 1.0)
+  if kv_dtype.startswith("fp8"):
+    return (x / scale).astype(kv_cache._FP8[kv_dtype]).astype(jnp.float32) * scale
+  return jnp.clip(jnp.round(x / scale), -qmax, qmax) * scale
+
+
+def test_kv_dtypes_with_bfloat16_scales_store_what_they_read_and_cost_two_scale_bytes():
+  """`<dtype>_bf16scale`: the scale rounded to bfloat16 before quantizing, so the cache reads back exactly what
+  quantize_dequantize gives, within the grid's error; float32-scale dtypes keep their old values bit for bit."""
+  x = jax.random.normal(jax.random.key(2), (2, 5, 3, 16)) * 3
+  for dtype in ("int8", "int4", "fp8_e4m3", "fp8_e5m2"):
+    np.testing.assert_array_equal(kv_cache.quantize_dequantize(x, dtype), _old_quantize_dequantize(x, dtype))
+  for dtype, bound in (("int8", 0.5 / 127), ("int4", 0.5 / 7), ("fp8_e4m3", 0.07), ("fp8_e5m2", 0.13)):
+    got = kv_cache.quantize_dequantize(x, dtype + kv_cache.BF16_SCALE)
+    err = jnp.abs(got - x) / jnp.max(jnp.abs(x), -1, keepdims=True)
+    assert 0 < float(err.max()) <= bound * (1 + 2 ** -7), dtype  # the scale moves by at most a bfloat16 step
+    assert float(jnp.abs(got - kv_cache.quantize_dequantize(x, dtype)).max()) > 0, dtype  # really another format
+  assert kv_cache.check_kv_dtype("fp8_bf16scale") == "fp8_e4m3_bf16scale"
+  with pytest.raises(ValueError, match="kv cache dtype 'native_bf16scale'"):
+    kv_cache.check_kv_dtype("native_bf16scale")
+  from opd_jax.rollout.paged_cache import PagedKVCache
+  for dtype in ("fp8_e4m3_bf16scale", "int4_bf16scale"):
+    cache = kv_cache.KVCache.init(batch=2, slots=5, num_layers=1, num_kv_heads=3, head_dim=16,
+                                  compute_dtype=jnp.float32, kv_dtype=dtype)
+    assert cache.k_scale_LxBxKx1xC.dtype == jnp.bfloat16
+    k, _ = cache.write(0, x, x, 0).read(0, jnp.float32)
+    np.testing.assert_array_equal(k, kv_cache.quantize_dequantize(x, dtype).transpose(0, 2, 3, 1))
+    paged = PagedKVCache.init(num_pages=4, page_size=8, num_layers=1, num_kv_heads=3, head_dim=16,
+                              compute_dtype=jnp.float32, kv_dtype=dtype).with_rows([[1], [2]], [0, 0])
+    paged, _ = paged.begin(jnp.ones((2, 5), bool))
+    k, _ = paged.write(0, x, x).end().read(0, jnp.float32)
+    np.testing.assert_array_equal(k[..., :5], kv_cache.quantize_dequantize(x, dtype).transpose(0, 2, 3, 1))
+  # SmolLM2-135M's shapes (30 layers, 3 kv heads, head_dim 64): fp8 holds 1.88x bf16's tokens, 1.94x with bf16 scales
+  per_token = lambda kv: kv_cache.kv_bytes_per_token(num_layers=30, num_kv_heads=3, head_dim=64, kv_dtype=kv)
+  assert per_token("fp8_e4m3") == 2 * 30 * 3 * (64 + 4) and per_token("fp8_e4m3_bf16scale") == 2 * 30 * 3 * (64 + 2)
+  assert per_token("bf16") / per_token("fp8_e4m3_bf16scale") >= 1.9 > per_token("bf16") / per_token("fp8_e4m3")
+
+
 @pytest.mark.slow  # the fast tier keeps the int8 KV cache (test_each_precision_knob_is_small_and_nonzero)
 def test_int4_kv_cache_packs_two_values_per_byte_and_reads_back_what_was_written():
   x = jax.random.normal(jax.random.key(1), (2, 3, 2, 8))  # [B, T, K, H]

@@ -14,9 +14,10 @@ tokens; compile excluded, medians over --repeats rounds run interleaved):
             memory is what paging is for.
 Reported: useful (non-pad) tokens per second, decode steps of one row (rows x steps), compiles, peak KV bytes.
 Capacity: in a fixed KV budget (--kv_budget_mib), how many long-tail sequences each engine holds at once, per KV
-dtype: the static sampler reserves prompt + cap slots per row; the paged engine (as many rows as requests, a pool of
-the budget's bytes, --admit_headroom of it kept free at each admission) is measured by its mean live rows over the
-rounds in which requests were waiting (the engine full), beside its peak, its preemptions and what
+dtype (fp8_e4m3_bf16scale: fp8 values with bfloat16 scales, rollout.kv_cache): the static sampler reserves
+prompt + cap slots per row; the paged engine (as many rows as the pool could hold, a pool of the budget's bytes,
+--admit_headroom of it kept free at each admission) is measured by its mean live rows over the rounds in which
+requests were waiting (the engine full), beside its peak, its preemptions and what
 rollout.memory.concurrent_sequences predicts from the workload's mean sequence length. Its requests
 (--capacity_requests) cycle through the long-tail prompts, each under its own key: enough that requests wait
 through most rounds at the smallest KV dtype too (64 requests left int4's pool, which holds about 58 of them, never
@@ -41,7 +42,8 @@ _PAGE = flags.DEFINE_integer("page_size", 16, "Paged engine: tokens per page.")
 _STEPS = flags.DEFINE_integer("decode_steps", 8, "Paged engine: decode steps per host round trip.")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rounds.")
 _KV_BUDGET = flags.DEFINE_float("kv_budget_mib", 64.0, "KV memory budget of the capacity measurement (MiB).")
-_KV_DTYPES = flags.DEFINE_list("kv_dtypes", ["bf16", "fp8_e4m3", "int4"], "KV dtypes of the capacity measurement.")
+_KV_DTYPES = flags.DEFINE_list("kv_dtypes", ["bf16", "fp8_e4m3", "fp8_e4m3_bf16scale", "int4"],
+                               "KV dtypes of the capacity measurement.")
 _MEMORY_ROWS = flags.DEFINE_integer("memory_rows", 0, "Long tail: rows of the paged engine in the static batches' "
                                     "KV memory; 0 = 2 x --rows.")
 _CAPACITY_REQUESTS = flags.DEFINE_integer("capacity_requests", 256, "Capacity: requests (the long-tail prompts, "
@@ -154,7 +156,10 @@ def _capacity(graphdef, state, sampling, prompts, keys, mc) -> list[dict]:
                                    head_dim=mc.head_dim, kv_dtype=kv, native_bytes=4)
     static_rows = budget // (per_token * (max(map(len, prompts)) + sampling.max_new_tokens))
     pages = budget // (per_token * _PAGE.value)
-    config = EngineConfig(page_size=_PAGE.value, num_pages=pages + 1, max_rows=len(prompts),
+    # Rows: as many as the pool could ever hold (each holds its prompt's pages), so pages alone limit the rows held,
+    # and decode rounds (at least a quarter of the rows) do not compute 64 of 256 rows while 20 are live.
+    rows = min(len(prompts), pages // -(-min(map(len, prompts)) // _PAGE.value))
+    config = EngineConfig(page_size=_PAGE.value, num_pages=pages + 1, max_rows=rows,
                           decode_steps=_STEPS.value, prefill_chunk=_PAGE.value * max(1, 64 // _PAGE.value),
                           max_prompt_tokens=max(map(len, prompts)), admit_headroom=_HEADROOM.value)
     sample, stats = PagedEngine(graphdef, dataclasses.replace(sampling, kv_dtype=kv), config).generate(

@@ -22,7 +22,7 @@ class RolloutConfig:
   weights: str = "none"  # none | bf16 | int8 | int4 | int3 | int2 | fp8 | fp8_e5m2 | fp8_tensor (rollout.precision)
   weight_rules: precision.Rules = ()  # explicit ordered (regex, precision) rules; override `weights`
   quantize_embedding: bool = False  # int8/fp8 shorthands: the embedding table at that precision too
-  kv_cache: str = "native"  # native | bf16 | int8 | int4 | fp8_e4m3 | fp8_e5m2 (see rollout.kv_cache)
+  kv_cache: str = "native"  # native | bf16 | int8 | int4 | fp8_e4m3 | fp8_e5m2, + _bf16scale (see rollout.kv_cache)
   staleness_steps: int = 0  # sampler uses learner version t - staleness_steps
   noise_sigma: float = 0.0  # relative Gaussian weight noise per tensor (see rollout.noise)
   noise_order: str = "before_quant"  # before_quant | after_quant

@@ -16,6 +16,10 @@ kv_dtype:
   "fp8_e5m2"  float8_e5m2 (2 mantissa bits: coarser, wider range), scale = max|x| / 57344
   "int4"      symmetric int4 (levels -7..7), one float32 scale per (token, kv head): scale = max|x| / 7;
               two values per byte (head dims h and h + H/2 share one), so the cache really is half of int8's
+  "<int8 | fp8_e4m3 | fp8_e5m2 | int4>_bf16scale"  the same values with bfloat16 scales: the scale is rounded to
+              bfloat16 before the values are quantized with it (values clipped to the grid's range), so what is
+              stored is exactly what is read. A float32 scale per (token, head) costs 8 of fp8's 136 bytes per
+              head-token at head_dim 64, which caps fp8 at 1.88x bf16's tokens; bfloat16 scales make it 1.94x.
 Attention reads dequantized values (values * scale) in the compute dtype.
 
 fp8 values are kept as their bit patterns in uint8 buffers (same bytes): XLA:CPU has no fp8 arithmetic
@@ -32,20 +36,28 @@ import jax.numpy as jnp
 
 from opd_jax.errors import InputError
 
-KV_DTYPES = ("native", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
+BF16_SCALE = "_bf16scale"  # suffix of a quantized kv dtype whose scales are stored in bfloat16
+_QUANTIZED = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
+KV_DTYPES = ("native", "bf16", *_QUANTIZED, *(q + BF16_SCALE for q in _QUANTIZED))
+_base = lambda kv_dtype: kv_dtype.removesuffix(BF16_SCALE)  # the values' format
 # buffer dtypes (fp8: bit patterns; int4: two 4-bit values per byte)
-_STORAGE = {"bf16": jnp.bfloat16, "int8": jnp.int8, "int4": jnp.uint8, "fp8_e4m3": jnp.uint8,
-            "fp8_e5m2": jnp.uint8}
-_QMAX = {"int8": 127.0, "int4": 7.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
-_FP8 = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}
-_VALUE_BITS = {"bf16": 16, "int8": 8, "int4": 4, "fp8_e4m3": 8, "fp8_e5m2": 8}
+_STORAGE = {kv: {"bf16": jnp.bfloat16, "int8": jnp.int8, "int4": jnp.uint8, "fp8_e4m3": jnp.uint8,
+                 "fp8_e5m2": jnp.uint8}[_base(kv)] for kv in KV_DTYPES[1:]}
+_QMAX = {kv: {"int8": 127.0, "int4": 7.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}[_base(kv)]
+         for kv in KV_DTYPES if _base(kv) in _QUANTIZED}
+_FP8 = {kv: {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}[_base(kv)]
+        for kv in _QMAX if _base(kv).startswith("fp8")}
+_VALUE_BITS = {kv: {"bf16": 16, "int8": 8, "int4": 4, "fp8_e4m3": 8, "fp8_e5m2": 8}[_base(kv)] for kv in KV_DTYPES[1:]}
+_SCALE = {kv: jnp.bfloat16 if kv.endswith(BF16_SCALE) else jnp.float32 for kv in _QMAX}  # stored scale dtype
 
 
 def check_kv_dtype(kv_dtype: str) -> str:
   aliases = {"fp8": "fp8_e4m3", "e5m2": "fp8_e5m2", "bfloat16": "bf16", "none": "native"}
-  kv_dtype = aliases.get(kv_dtype, kv_dtype)
+  suffix = BF16_SCALE if kv_dtype.endswith(BF16_SCALE) else ""
+  kv_dtype = aliases.get(_base(kv_dtype), _base(kv_dtype)) + suffix
   if kv_dtype not in KV_DTYPES:
-    raise InputError(f"kv cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)} (or fp8, e5m2, none)")
+    raise InputError(f"kv cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)} (or fp8, e5m2, none; "
+                     f"fp8{BF16_SCALE})")
   return kv_dtype
 
 
@@ -68,14 +80,15 @@ def _quantize(x_BxTxKxH: jax.Array, kv_dtype: str):
   if kv_dtype not in _QMAX:
     return x_BxTxKxH.astype(_STORAGE.get(kv_dtype, x_BxTxKxH.dtype)), None
   x32 = x_BxTxKxH.astype(jnp.float32)
-  scale_BxTxKx1 = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / _QMAX[kv_dtype]
-  scale_BxTxKx1 = jnp.where(scale_BxTxKx1 > 0, scale_BxTxKx1, 1.0)
-  scaled = x32 / scale_BxTxKx1
   qmax = _QMAX[kv_dtype]
-  if kv_dtype == "int8":
-    return jnp.clip(jnp.round(scaled), -qmax, qmax).astype(jnp.int8), scale_BxTxKx1
-  if kv_dtype == "int4":
-    return _pack_int4(jnp.clip(jnp.round(scaled), -qmax, qmax)), scale_BxTxKx1
+  scale_BxTxKx1 = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / qmax
+  # the stored scale (bfloat16 rounds it either way; the clip keeps the values on the grid)
+  scale_BxTxKx1 = jnp.where(scale_BxTxKx1 > 0, scale_BxTxKx1, 1.0).astype(_SCALE[kv_dtype])
+  scaled = jnp.clip(x32 / scale_BxTxKx1.astype(jnp.float32), -qmax, qmax)
+  if _base(kv_dtype) == "int8":
+    return jnp.round(scaled).astype(jnp.int8), scale_BxTxKx1
+  if _base(kv_dtype) == "int4":
+    return _pack_int4(jnp.round(scaled)), scale_BxTxKx1
   return jax.lax.bitcast_convert_type(scaled.astype(_FP8[kv_dtype]), jnp.uint8), scale_BxTxKx1
 
 
@@ -86,7 +99,7 @@ def _dequantize(values, scale, kv_dtype: str, dtype, head_axis: int = -1) -> jax
     return values.astype(dtype)
   if kv_dtype in _FP8:
     values = jax.lax.bitcast_convert_type(values, _FP8[kv_dtype])
-  elif kv_dtype == "int4":
+  elif _base(kv_dtype) == "int4":
     values = _unpack_int4(values, head_axis)
   return (values.astype(jnp.float32) * scale).astype(dtype)
 
@@ -205,11 +218,11 @@ class KVCache:
     kv_dtype = check_kv_dtype(kv_dtype)
     storage = _STORAGE.get(kv_dtype, compute_dtype)
     L, B, C, K, H = num_layers, batch, max(capacity, slots), num_kv_heads, head_dim
-    if kv_dtype == "int4":
+    if _base(kv_dtype) == "int4":
       if H % 2:
         raise InputError(f"kv cache int4 packs two head dims per byte and needs an even head_dim, got {H}")
       H //= 2
-    scale = lambda shape: jnp.ones(shape, jnp.float32) if kv_dtype in _QMAX else None  # per (token, head)
+    scale = lambda shape: jnp.ones(shape, _SCALE[kv_dtype]) if kv_dtype in _QMAX else None  # per (token, head)
     return cls(jnp.zeros((L, B, K, H, C), storage), jnp.zeros((L, B, K, C, H), storage), scale((L, B, K, 1, C)),
                scale((L, B, K, C, 1)), jnp.zeros((B, C), bool), kv_dtype, slots)
 
@@ -219,5 +232,5 @@ def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, kv_
   """Bytes one cached token costs across all layers (keys + values + per-(token, head) scales)."""
   kv_dtype = check_kv_dtype(kv_dtype)
   value_bits = 8 * native_bytes if kv_dtype == "native" else _VALUE_BITS[kv_dtype]
-  scale_bytes = 4 if kv_dtype in _QMAX else 0
+  scale_bytes = jnp.dtype(_SCALE[kv_dtype]).itemsize if kv_dtype in _QMAX else 0
   return 2 * num_layers * num_kv_heads * (head_dim * value_bits // 8 + scale_bytes)

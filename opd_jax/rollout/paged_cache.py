@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from opd_jax.errors import InputError
-from opd_jax.rollout.kv_cache import _QMAX, _STORAGE, _dequantize, _quantize, check_kv_dtype
+from opd_jax.rollout.kv_cache import _QMAX, _SCALE, _STORAGE, _base, _dequantize, _quantize, check_kv_dtype
 
 TRASH_PAGE = 0  # page id of the trash page; real pages are 1 .. N - 1
 
@@ -139,11 +139,11 @@ class PagedKVCache:
                        f"page_size={page_size}, num_pages={num_pages}")
     storage = _STORAGE.get(kv_dtype, compute_dtype)
     L, N, Z, K, H = num_layers, num_pages, page_size, num_kv_heads, head_dim
-    if kv_dtype == "int4":
+    if _base(kv_dtype) == "int4":
       if H % 2:
         raise InputError(f"kv cache int4 packs two head dims per byte and needs an even head_dim, got {H}")
       H //= 2
-    scale = lambda shape: jnp.ones(shape, jnp.float32) if kv_dtype in _QMAX else None
+    scale = lambda shape: jnp.ones(shape, _SCALE[kv_dtype]) if kv_dtype in _QMAX else None
     return cls(jnp.zeros((L, N, K, H, Z), storage), jnp.zeros((L, N, K, Z, H), storage), scale((L, N, K, 1, Z)),
                scale((L, N, K, Z, 1)), jnp.zeros((0, 1), jnp.int32), jnp.zeros((0,), jnp.int32),
                jnp.zeros((0, 0), bool), kv_dtype)
