@@ -130,7 +130,7 @@ def paged_capacity(plan: PlanSpec, decode: Program, decode_total: int) -> dict:
   P, R, Z = plan.prompt_tokens, plan.response_tokens, plan.run.rollout.page_size
   native = jnp.dtype(plan.model_options("student")["dtype"]).itemsize
   by_dtype = {}
-  for kv in dict.fromkeys((plan.kv_cache, "bf16", "fp8_e4m3", "int4")):
+  for kv in dict.fromkeys((plan.kv_cache, "bf16", "fp8_e4m3", "fp8_e4m3_bf16scale", "int4")):
     per_token = kv_token_bytes(plan.student, kv, native)
     sequences = concurrent_sequences(free // per_token, prompt_tokens=P, max_new_tokens=R, mean_tokens=P + R,
                                      page_size=Z)
