@@ -40,14 +40,19 @@ BF16_SCALE = "_bf16scale"  # suffix of a quantized kv dtype whose scales are sto
 _QUANTIZED = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
 KV_DTYPES = ("native", "bf16", *_QUANTIZED, *(q + BF16_SCALE for q in _QUANTIZED))
 _base = lambda kv_dtype: kv_dtype.removesuffix(BF16_SCALE)  # the values' format
+
+
+def _with_bf16scale(table: dict) -> dict:
+  """A table keyed by value format -> the same entries for each quantized format's bfloat16-scale variant too."""
+  return {**table, **{kv + BF16_SCALE: v for kv, v in table.items() if kv in _QUANTIZED}}
+
+
 # buffer dtypes (fp8: bit patterns; int4: two 4-bit values per byte)
-_STORAGE = {kv: {"bf16": jnp.bfloat16, "int8": jnp.int8, "int4": jnp.uint8, "fp8_e4m3": jnp.uint8,
-                 "fp8_e5m2": jnp.uint8}[_base(kv)] for kv in KV_DTYPES[1:]}
-_QMAX = {kv: {"int8": 127.0, "int4": 7.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}[_base(kv)]
-         for kv in KV_DTYPES if _base(kv) in _QUANTIZED}
-_FP8 = {kv: {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}[_base(kv)]
-        for kv in _QMAX if _base(kv).startswith("fp8")}
-_VALUE_BITS = {kv: {"bf16": 16, "int8": 8, "int4": 4, "fp8_e4m3": 8, "fp8_e5m2": 8}[_base(kv)] for kv in KV_DTYPES[1:]}
+_STORAGE = _with_bf16scale({"bf16": jnp.bfloat16, "int8": jnp.int8, "int4": jnp.uint8, "fp8_e4m3": jnp.uint8,
+                            "fp8_e5m2": jnp.uint8})
+_QMAX = _with_bf16scale({"int8": 127.0, "int4": 7.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0})
+_FP8 = _with_bf16scale({"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2})
+_VALUE_BITS = _with_bf16scale({"bf16": 16, "int8": 8, "int4": 4, "fp8_e4m3": 8, "fp8_e5m2": 8})
 _SCALE = {kv: jnp.bfloat16 if kv.endswith(BF16_SCALE) else jnp.float32 for kv in _QMAX}  # stored scale dtype
 
 
