@@ -84,7 +84,8 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # past it are not scored (counted: cross_tokenizer/spans_truncated)
   # Where spans may end: "settled" = only where both tokenizations mean the same event (exact; between two large
   # vocabularies few word ends are); "corrected" = every shared boundary, each side's span log-prob turned into a
-  # character-level one with its cover (opd_jax/crosstok/cover.py; span form, one in-process teacher).
+  # character-level one with its cover (opd_jax/crosstok/cover.py), and the next-character marginals made
+  # character-level there too (opd_jax/crosstok/projection.py); span form or reverse_kl, one in-process teacher.
   c.cross_tokenizer.boundaries = "settled"
   # Multi-teacher OPD (opd_jax/train/teachers.py): teachers besides config.teacher, by name, each a dict
   # {"checkpoint": HF dir, "endpoint": "" (scored in this process) or a served teacher's URL}; {} = config.teacher

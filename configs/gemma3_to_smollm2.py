@@ -63,9 +63,9 @@ def get_config(arg=None):
   c.cross_tokenizer.max_teacher_response_tokens = 64  # Gemma spells English text in fewer tokens than 2x SmolLM2's
   # Span ends: on the student's 50 step-0 answers, 821 shared boundaries are unsettled (the two tokenizers would
   # merge different next characters across them) and settled-only spans run 11.2 student tokens; corrected, 1.1
-  # (results/gemma3/boundaries.json). The span form corrects them (opd_jax/crosstok/cover.py); the other
-  # objectives need settled boundaries.
-  c.cross_tokenizer.boundaries = args.boundaries or ("corrected" if args.objective == "reverse_kl_pg" else "settled")
+  # (results/gemma3/boundaries.json). The span form and the next-character marginals correct them
+  # (opd_jax/crosstok/cover.py, opd_jax/crosstok/projection.py); the ULD baseline needs settled boundaries.
+  c.cross_tokenizer.boundaries = args.boundaries or ("settled" if args.objective == "uld" else "corrected")
 
   c.rollout.max_new_tokens = 32  # a word, or a sentence around it
   # The answer is its first line (the grader reads the first line; the teacher's answers end at a blank line): a

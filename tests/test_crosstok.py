@@ -22,7 +22,7 @@ from opd_jax.errors import InputError
 from opd_jax.experiments.sweep import set_field
 from opd_jax.models import Decoder, ModelConfig, load_pretrained, load_tokenizer, save_pretrained
 from opd_jax.objectives.logprobs import score
-from opd_jax.objectives import losses
+from opd_jax.objectives import losses, marginal
 from opd_jax.objectives.losses import LossInputs, ObjectiveConfig, compute_loss
 from opd_jax.objectives.spans import span_starts, span_total
 from opd_jax.spec import RunSpec
@@ -264,14 +264,14 @@ def test_marginalized_and_uld_divergences():
   key_s, key_t = jax.random.split(jax.random.key(0))
   student, teacher = jax.random.normal(key_s, (2, 3, 6)), jax.random.normal(key_t, (2, 3, 6))
   identity = (jnp.arange(6), jnp.arange(6), 6)
-  np.testing.assert_allclose(np.asarray(losses.divergence_marginalized(student, teacher, identity, 1.0)),
+  np.testing.assert_allclose(np.asarray(marginal.divergence_marginalized(student, teacher, identity, 1.0)),
                              np.asarray(losses.divergence_exact(student, teacher, 1.0, 1.0)), atol=1e-6)
   merged = (jnp.asarray([0, 1, 2, 3, 4, -1]), jnp.asarray([0, 0, 1, 2, 3, 4]), 5)  # teacher 0, 1 -> event 0
   p, t = jax.nn.softmax(student, axis=-1), jax.nn.softmax(teacher, axis=-1)
   q_s = p[..., :5] / p[..., :5].sum(-1, keepdims=True)
   q_t = jnp.concatenate([t[..., :1] + t[..., 1:2], t[..., 2:]], -1)
   want = jnp.sum(q_s * (jnp.log(q_s) - jnp.log(q_t)), -1)
-  np.testing.assert_allclose(np.asarray(losses.divergence_marginalized(student, teacher, merged, 1.0)),
+  np.testing.assert_allclose(np.asarray(marginal.divergence_marginalized(student, teacher, merged, 1.0)),
                              np.asarray(want), atol=1e-6)
   top = lambda logits: jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), 4)[0]
   np.testing.assert_allclose(np.asarray(losses.divergence_uld(student, top(student[..., ::-1]), 1.0)), 0, atol=1e-6)
@@ -317,7 +317,7 @@ def test_a_teacher_token_that_merged_the_response_prefix_is_read_after_the_prefi
   sure = lambda index, size: jnp.where(jnp.arange(size) == index, 30.0, 0.0)[None, None]
   table = tuple(jnp.asarray(e) for e in (student_events, teacher_events)) + (count, jnp.asarray(shifted))
   student_logits, teacher_logits = sure(s_id["1"], len(char)), sure(t_id[" 12"], len(teacher))
-  kl = lambda flag: float(losses.divergence_marginalized(student_logits, teacher_logits, table, 1.0,
+  kl = lambda flag: float(marginal.divergence_marginalized(student_logits, teacher_logits, table, 1.0,
                                                          jnp.full((1, 1), flag))[0, 0])
   assert kl(1.0) < 1e-6 and kl(0.0) > 10
 
@@ -366,9 +366,14 @@ def _config(tiny_pair, teacher, **overrides):
   return config
 
 
-@pytest.mark.parametrize("objective", ["reverse_kl_pg", "reverse_kl", "uld", "reverse_kl_pg+corrected"])
-def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path, objective):
+@pytest.mark.parametrize("objective", ["reverse_kl_pg", "reverse_kl", "uld", "reverse_kl_pg+corrected",
+                                       "reverse_kl+corrected"])
+def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_teacher, tmp_path, objective,
+                                                          monkeypatch):
   objective, corrected = objective.split("+")[0], objective.endswith("+corrected")
+  # the marginal form's character-level distributions reach the train step with corrected boundaries
+  original, traced = marginal.character_level, []
+  monkeypatch.setattr(marginal, "character_level", lambda *a: traced.append(1) or original(*a))
   config = _config(tiny_pair, number_teacher, **{"train.steps": 3, "train.eval_every": 3, "objective.name": objective})
   if objective == "reverse_kl":  # with a response prefix: the marginal form's prefix table reaches the train step
     config.cross_tokenizer.teacher_response_prefix = " "
@@ -386,6 +391,7 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
   assert evals and np.isfinite(evals[-1]["eval/span_reverse_kl"]) and "eval/reverse_kl" not in evals[-1]
   assert np.isfinite(evals[-1]["eval/span_reverse_kl_per_response"])  # per-token means move with answer length
   assert any(r["cross_tokenizer/boundaries_corrected"] > 0 for r in steps) == corrected
+  assert bool(traced) == (corrected and objective == "reverse_kl")
 
 
 def test_a_served_teacher_of_another_tokenizer_scores_as_in_process(tiny_pair, number_teacher, tmp_path):
@@ -434,7 +440,7 @@ def test_several_teachers_each_with_its_own_tokenizer(tiny_pair, number_teacher,
     ({"teacher_endpoint": "http://127.0.0.1:9/v1", "objective.name": "uld"}, "use reverse_kl_pg with"),
     ({"teachers": {"other": {"checkpoint": "/nonexistent", "format": "{nothing}"}}}, "does not render"),
     ({"cross_tokenizer.boundaries": "sometimes"}, "use 'settled'"),
-    ({"cross_tokenizer.boundaries": "corrected", "objective.name": "reverse_kl"}, "boundaries='corrected' scores"),
+    ({"cross_tokenizer.boundaries": "corrected", "objective.name": "uld"}, "boundaries='corrected' scores"),
 ])
 def test_cross_tokenizer_config_mistakes(tiny_pair, number_teacher, override, message):
   with pytest.raises(InputError, match=message):

@@ -190,3 +190,58 @@ def test_the_teachers_program_adds_its_cover_corrections(tokenizers, tmp_path):
   want = [totals.get(s, 0.0) if s >= 0 else 0.0 for s in s_span]
   np.testing.assert_allclose(got[0], want, atol=1e-5)
   assert s_span[:4].tolist() == [0, 1, 2, UNSCORED]  # 3 | + | 4
+
+
+def _next_token_logits(sequences: dict, probability: dict, target: tuple, vocab: int) -> np.ndarray:
+  """[len(target) + 1, vocab]: at each position k, log p(next token | target[:k]) of the model writing text w with
+  probability[w] as sequences[w] (-1e9 where p is 0; uniform where no text has that prefix)."""
+  out = np.full((len(target) + 1, vocab), -1e9, np.float32)
+  for k in range(len(target) + 1):
+    following = {}
+    for w, p in probability.items():
+      if tuple(sequences[w][:k]) == target[:k] and len(sequences[w]) > k:
+        following[sequences[w][k]] = following.get(sequences[w][k], 0.0) + p
+    if not following:
+      out[k] = 0.0
+    for token, p in following.items():
+      out[k, token] = np.log(p / sum(following.values()))
+  return out
+
+
+@pytest.mark.parametrize("eos", [True, False])
+def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_that_states_the_teachers_text(
+    tokenizers, eos):
+  """The marginal form with corrected boundaries: at every scored span start both sides' next-character
+  distributions, made character-level one token back where the boundary was corrected, are equal for a student
+  that states the teacher's text distribution (KL 0); uncorrected, the teacher's after "3" in "3+4" is "3, then
+  no digit" and differs."""
+  from opd_jax.crosstok.projection import character_events
+  from opd_jax.objectives.marginal import divergence_marginalized
+  char, number = tokenizers["char"], tokenizers["number"]
+  view = _view(char, number)
+  longest = max(view.covers[0].longest, view.covers[1].longest)
+  s_events, t_events, E, _, (s_offsets, t_offsets) = character_events(
+      char, number, len(char), len(number), (char.eos_token_id,), number.eos_token_id, max_chars=longest + 1)
+  events = (jnp.asarray(s_events), jnp.asarray(t_events), E, None,
+            (jnp.asarray(s_offsets), jnp.asarray(t_offsets), jnp.asarray(view.covers[1].rank_V)))
+  probability = {"7": 0.2, "76": 0.3, "765": 0.1, "3+4": 0.15, "35": 0.25}
+  student = {w: tuple(char.encode(w, add_special_tokens=False)) + (char.eos_token_id,) for w in probability}
+  teacher = {w: tuple(number.encode(w, add_special_tokens=False)) + (number.eos_token_id,) for w in probability}
+  corrected_starts = 0
+  for text in probability:
+    arrays, _ = _row(view, text, eos)
+    s_logits = _next_token_logits(student, probability, student[text], len(char))
+    t_logits = _next_token_logits(teacher, probability, teacher[text], len(number))
+    first, cover = arrays["teacher_first_BxR"][0], arrays["marginal_cover_BxRx6"][0]
+    starts = [k for k in range(16) if first[k] >= 0]
+    pick = lambda logits, index: jnp.asarray(logits[np.maximum(index, 0)][None])
+    kl = lambda corrected: np.asarray(divergence_marginalized(
+        pick(s_logits, np.asarray(starts)), pick(t_logits, first[starts]), events, 1.0, None,
+        (pick(s_logits, np.asarray(starts) - 1), pick(t_logits, first[starts] - 1),
+         jnp.asarray(cover[starts][None]), jnp.asarray(view.covers[0].rank_V)) if corrected else None))[0]
+    np.testing.assert_allclose(kl(True), 0.0, atol=1e-5, err_msg=f"{text} eos={eos}")
+    corrected_here = [i for i, k in enumerate(starts) if cover[k, 0] >= 0]
+    corrected_starts += len(corrected_here)
+    if text == "3+4":  # after "3": the teacher's plain marginal is of "3, then no digit"
+      assert corrected_here and kl(False)[corrected_here[0]] > 0.1
+  assert corrected_starts == 1  # the span start after "3" in "3+4" (a cut end starts no span)

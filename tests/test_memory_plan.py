@@ -30,12 +30,13 @@ def tiny_dir(tmp_path_factory):
   return str(path)
 
 
-def plan_of(model_dir: str, devices: int = 1, device_memory_bytes: int = GIB, **overrides) -> PlanSpec:
+def plan_of(model_dir: str, devices: int = 1, device_memory_bytes: int = GIB, teacher_dir: str = "",
+            **overrides) -> PlanSpec:
   """The shipped real config (bf16 teacher, float32 learner, reverse_kl_pg, remat) on `model_dir` for both
   models: batch 8 x (8 + 32) tokens, no micro-batching, evaluation over the whole batch; `overrides` are
   config fields with "__" for ".", as --config.x.y=v would set them."""
   from configs.real import qwen3_1p7b_to_0p6b
-  config = qwen3_1p7b_to_0p6b.get_config(f"teacher={model_dir},student={model_dir}")
+  config = qwen3_1p7b_to_0p6b.get_config(f"teacher={teacher_dir or model_dir},student={model_dir}")
   fields = {"train.batch_size": 8, "data.max_prompt_tokens": 8, "rollout.max_new_tokens": 32,
             "train.micro_batch_size": 0, "train.eval_batch_size": 8,
             **{k.replace("__", "."): v for k, v in overrides.items()}}
@@ -111,6 +112,21 @@ def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir):
                                      objective__name="reverse_kl_pg", cross_tokenizer__boundaries="corrected"))
   settled = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
                                    objective__name="reverse_kl_pg"))
+  for name in ("teacher_score", "train_step"):
+    assert corrected.programs[name].argument_bytes > settled.programs[name].argument_bytes, name
+
+
+def test_the_marginal_form_plans_a_teacher_of_another_vocabulary_size(tiny_dir, tmp_path):
+  """The next-character marginals compare two vocabularies through common events: planned with placeholder events
+  (one per token of either side), not as one vocabulary (the planner crashed on configs/pairx.py: logits of 32
+  against 128 tokens). Corrected boundaries add the covers and the teacher's hidden states one token back."""
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump({**TINY, "vocab_size": 1536}, f)
+  plan = lambda **overrides: mp.plan_memory(plan_of(
+      tiny_dir, teacher_dir=str(tmp_path), cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
+      objective__name="reverse_kl", **overrides))
+  settled, corrected = plan(), plan(cross_tokenizer__boundaries="corrected")
+  assert settled.fits and corrected.fits
   for name in ("teacher_score", "train_step"):
     assert corrected.programs[name].argument_bytes > settled.programs[name].argument_bytes, name
 

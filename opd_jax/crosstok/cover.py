@@ -43,6 +43,15 @@ class CoverTable:
     self._sorted = [texts[i] for i in ids]
     self._texts = texts
 
+  def length(self, token: int) -> int:
+    """The number of characters of `token`'s text (that of a token with a cover)."""
+    return len(self._texts[token])
+
+  @property
+  def longest(self) -> int:
+    """The most characters of any token with a cover (0 for none)."""
+    return max(map(len, self._sorted), default=0)
+
   def cover(self, token: int) -> tuple[int, int]:
     """(lo, hi): the ranks of the tokens whose text starts with `token`'s (it among them); NONE if it has none."""
     if token >= len(self.rank_V) or self.rank_V[token] < 0:

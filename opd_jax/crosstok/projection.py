@@ -24,14 +24,26 @@ position the teacher's next token begins with the prefix, so its event is the ch
 table maps each teacher token that starts with the prefix to the character that follows it (a token that is the
 prefix alone, or does not start with it, in no event), used where a row's first teacher token merged the prefix
 (opd_jax.crosstok.view, `after_prefix_BxR`).
+
+Corrected boundaries (cross_tokenizer.boundaries="corrected", opd_jax.crosstok.cover): at a span start after a
+boundary where the two tokenizers would not both end a token, a side's next-token distribution there is that of
+"its last token t ended here", not of the text. The character-level next-character distribution after the text
+is, one token back (at the position that predicted t, with t's L characters):
+    q'(c) = [p(tokens spelling exactly t's text) * q(c) + sum of p(u) over u spelling t's text, then c, ...] / C(t),
+q the next-character marginal after t. `max_chars` > 0 adds, per side, each token's event at every character
+offset below it ([max_chars, V]: ENDS_HERE where its text has exactly that many characters, NO_EVENT where it is
+shorter or the character is in no event), and every character of both vocabularies to the events.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from opd_jax.crosstok.view import special_ids
 from opd_jax.data.token_texts import token_texts
 
 NO_EVENT = -1
+ENDS_HERE = -2  # offset tables: the token's text has exactly this many characters
 _END = ("end",)
 _UNREADABLE = ("unreadable",)
 
@@ -75,11 +87,12 @@ def _after_prefix(tokenizer, vocab_size: int, keys: list, prefix: str) -> list:
 
 
 def character_events(student_tokenizer, teacher_tokenizer, student_vocab_size: int, teacher_vocab_size: int,
-                     eos_ids: tuple[int, ...], teacher_end_id: int | None, teacher_prefix: str = ""
-                     ) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[int, ...] | None] | None:
+                     eos_ids: tuple[int, ...], teacher_end_id: int | None, teacher_prefix: str = "",
+                     max_chars: int = 0) -> tuple | None:
   """(event of each student token id, event of each teacher token id, number of events, event of each teacher
-  token id after `teacher_prefix` or None without one), NO_EVENT for a token in none; None for identical
-  vocabularies. Reads each vocabulary's decoded texts once (token_texts, shared with the boundary probes)."""
+  token id after `teacher_prefix` or None without one[, (student offsets [max_chars, Vs], teacher offsets
+  [max_chars, Vt]) with max_chars > 0]), NO_EVENT for a token in none; None for identical vocabularies. Reads
+  each vocabulary's decoded texts once (token_texts, shared with the boundary probes)."""
   if student_tokenizer.get_vocab() == teacher_tokenizer.get_vocab():
     return None
   student = _keys(student_tokenizer, student_vocab_size, set(eos_ids), True)
@@ -90,4 +103,35 @@ def character_events(student_tokenizer, teacher_tokenizer, student_vocab_size: i
     if key is not None:
       index.setdefault(key, len(index))
   event = lambda keys: tuple(NO_EVENT if key is None else index[key] for key in keys)
-  return event(student), event(teacher), len(index), None if shifted is None else event(shifted)
+  out = (event(student), event(teacher), len(index), None if shifted is None else event(shifted))
+  if max_chars <= 0:
+    return out
+  texts = [_covered_texts(student_tokenizer, student_vocab_size, student),
+           _covered_texts(teacher_tokenizer, teacher_vocab_size, teacher)]
+  for side in texts:
+    for text in side:
+      for c in (text or "")[1:max_chars]:
+        if c != "\ufffd":
+          index.setdefault(("char", c), len(index))
+  offsets = tuple(_offsets(side, max_chars, index) for side in texts)
+  return out[:2] + (len(index), out[3], offsets)
+
+
+def _covered_texts(tokenizer, vocab_size: int, keys: list) -> list:
+  """Each token id's text where its event is a character (what a cover may hold), else None."""
+  texts = _texts(tokenizer)
+  return [texts.get(i) if key is not None and key[0] == "char" else None for i, key in zip(range(vocab_size), keys)]
+
+
+def _offsets(texts: list, max_chars: int, index: dict):
+  """[max_chars, V] int32: each token's event at each character offset (module docstring)."""
+  table = np.full((max_chars, len(texts)), NO_EVENT, np.int32)
+  for i, text in enumerate(texts):
+    if not text:
+      continue
+    for L in range(1, max_chars):
+      if L == len(text):
+        table[L, i] = ENDS_HERE
+      elif L < len(text) and text[L] != "\ufffd":
+        table[L, i] = index[("char", text[L])]
+  return table

@@ -37,11 +37,14 @@ def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, 
   0 where unscored); with `hidden` / `top_k`, the teacher's final hidden state / top-k log-probs where it predicts
   each span's first teacher token, at the span's first student token (zeros elsewhere): what the full-distribution
   and ULD objectives read. cover_rank: the teacher vocabulary's cover ranks (opd_jax.crosstok.cover.CoverTable
-  .rank_V): the spans of corrected boundaries get their cover corrections (teacher_cover_BxRtx4 is then given)."""
+  .rank_V): the spans of corrected boundaries get their cover corrections (teacher_cover_BxRtx4 and
+  marginal_cover_BxRx6 are then given); with `hidden` too, the hidden state where the teacher predicted the last
+  token before each span start after a corrected boundary (prev_hidden_BxRxD; the marginal form's one token back,
+  opd_jax.crosstok.projection)."""
   rank_V = None if cover_rank is None else jnp.asarray(cover_rank, jnp.int32)
 
   def run(state, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt, teacher_span_BxRt, student_span_BxR,
-          teacher_first_BxR, fixed_logp_BxR, teacher_cover_BxRtx4=None):
+          teacher_first_BxR, fixed_logp_BxR, teacher_cover_BxRtx4=None, marginal_cover_BxRx6=None):
     model = nnx.merge(teacher_graphdef, state)
     hidden_BxRtxD = response_hidden(model, prompt_BxPt, valid_BxPt, response_BxRt, mask_BxRt)
     cover = None if rank_V is None else (teacher_cover_BxRtx4[..., :2], rank_V)
@@ -52,8 +55,13 @@ def span_score_program(teacher_graphdef, temperature: float, logits_chunk: int, 
                 + span_total(fixed_logp_BxR, student_span_BxR, student_span_BxR))
     if rank_V is not None:
       logp_BxR = logp_BxR + span_corrections(out["cover_delta"] * mask_BxRt, teacher_cover_BxRtx4, student_span_BxR)
+    prev_hidden_BxRxD = None
+    if hidden and rank_V is not None:
+      prev_BxR = jnp.where(marginal_cover_BxRx6[..., 0] >= 0, teacher_first_BxR - 1, -1)
+      prev_hidden_BxRxD = _at_student_starts(hidden_BxRtxD, prev_BxR)
     return Scores(logp_BxR, at_start(hidden_BxRtxD) if hidden else None,
-                  at_start(out["top_logp"]) if top_k else None, at_start(out["top_ids"]) if top_k else None)
+                  at_start(out["top_logp"]) if top_k else None, at_start(out["top_ids"]) if top_k else None,
+                  prev_hidden_BxRxD)
   return jax.jit(run)
 
 
@@ -79,7 +87,8 @@ def _teacher_inputs(arrays: dict) -> tuple:
   teacher's covers where the view corrects boundaries)."""
   names = ("teacher_prompt_BxPt", "teacher_prompt_valid_BxPt", "teacher_response_BxRt", "teacher_mask_BxRt",
            "teacher_span_BxRt", "student_span_BxR", "teacher_first_BxR", "fixed_logp_BxR")
-  return tuple(arrays[k] for k in names + (("teacher_cover_BxRtx4",) if "teacher_cover_BxRtx4" in arrays else ()))
+  covers = ("teacher_cover_BxRtx4", "marginal_cover_BxRx6") if "teacher_cover_BxRtx4" in arrays else ()
+  return tuple(arrays[k] for k in names + covers)
 
 
 class CrossTokenizerScorer:
@@ -125,6 +134,13 @@ class CrossTokenizerScorer:
     if "student_cover_BxRx4" not in self.last_arrays:
       return None
     return self.put_batch(self.last_arrays["student_cover_BxRx4"])
+
+  def marginal_cover(self):
+    """The latest batch's marginal_cover_BxRx6 (opd_jax.crosstok.view) on the learner's layout for the marginal
+    form with corrected boundaries (`projection` has its offset tables); None otherwise."""
+    if self.projection is None or len(self.projection) < 5:
+      return None
+    return self.put_batch(self.last_arrays["marginal_cover_BxRx6"])
 
   def after_prefix(self):
     """The latest batch's after_prefix_BxR (opd_jax.crosstok.view) on the learner's layout, for the marginal form
@@ -228,6 +244,8 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
   view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
   scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective, served)
   if objective.needs_teacher_hidden:
+    longest = 0 if view.covers is None else max(view.covers[0].longest, view.covers[1].longest)
     scorer.projection = character_events(student_tokenizer, view.teacher, student_vocab_size,
-                                         teacher_vocab_size, eos_ids, view.end_id, view.prefix)
+                                         teacher_vocab_size, eos_ids, view.end_id, view.prefix,
+                                         max_chars=longest + 1 if longest else 0)
   return scorer, SpanKL(view, student_graphdef, teacher_graphdef, logits_chunk, put_batch)

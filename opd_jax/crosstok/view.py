@@ -25,6 +25,9 @@ span form with cross_tokenizer.boundaries="corrected"): then each such boundary 
 either side carries its cover (opd_jax.crosstok.cover) in student_cover_BxRx4 / teacher_cover_BxRtx4 (lo, hi,
 the span it ends, the span after it), which the scoring programs turn into character-level span log-probs
 (counted as `boundaries_corrected`; a boundary whose last token on either side has no cover stays unsettled).
+At the first student token of the span after a corrected boundary, marginal_cover_BxRx6 holds both last tokens'
+covers and lengths (student lo, hi, characters, teacher lo, hi, characters; -1 elsewhere): the marginal form
+turns each side's next-token distribution there into the character-level one (opd_jax.crosstok.projection).
 A response that ended with one of the student's EOS ids ends with one span more: that EOS token against the
 teacher's end token (`teacher_end`, by default its tokenizer's EOS), so the student learns when the teacher
 would stop (joining the last span when the text's end is not settled). Without a teacher end token the EOS is
@@ -44,7 +47,7 @@ from opd_jax.crosstok.formats import TeacherFormat
 from opd_jax.errors import InputError
 
 UNREADABLE_LOGP = math.log(1e-30)  # the teacher's log-prob of a student token it cannot read: what a probability
-# of 0 clamps to in the marginal objectives (opd_jax.objectives.losses.divergence_marginalized)
+# of 0 clamps to in the marginal objectives (opd_jax.objectives.marginal.divergence_marginalized)
 STATS = ("spans", "spans_scored", "spans_unscorable", "spans_truncated", "tokens", "tokens_scored",
          "tokens_special", "teacher_tokens_scored", "rows_not_round_tripped", "boundaries_unsettled",
          "tokens_unreadable", "boundaries_corrected")
@@ -127,6 +130,7 @@ class CrossTokenizerView:
     if self.covers is not None:
       out["student_cover_BxRx4"] = np.full((B, R, 4), -1, np.int32)
       out["teacher_cover_BxRtx4"] = np.full((B, self.max_response, 4), -1, np.int32)
+      out["marginal_cover_BxRx6"] = np.full((B, R, 6), -1, np.int32)
     stats = dict.fromkeys(STATS, 0)
     for b in range(B):
       prompt = self.prompt_ids[int(index_B[b])]
@@ -159,6 +163,19 @@ class CrossTokenizerView:
       if self.covers[0].cover(body[k]) != NONE and self.covers[1].cover(t_ids[j]) != NONE:
         out[e] = (k, j)
     return out
+
+  def _write_covers(self, out: dict, b: int, corrected: dict, body: list[int], t_ids: list[int], s_span: list[int],
+                    spans: int, starts: set[int], first_teacher: dict) -> None:
+    """Row b's covers of the last tokens of each corrected boundary, with the spans they end and start, and both
+    at the first student token of the span after it (marginal_cover_BxRx6)."""
+    for k, j in corrected.values():
+      span, after = s_span[k], (s_span[k] + 1 if s_span[k] + 1 < spans else UNSCORED)
+      out["student_cover_BxRx4"][b, k] = (*self.covers[0].cover(body[k]), span, after)
+      if j < self.max_response:
+        out["teacher_cover_BxRtx4"][b, j] = (*self.covers[1].cover(t_ids[j]), span, after)
+        if k + 1 in starts and first_teacher[s_span[k + 1]] == j + 1:
+          out["marginal_cover_BxRx6"][b, k + 1] = (*self.covers[0].cover(body[k]), self.covers[0].length(body[k]),
+                                                   *self.covers[1].cover(t_ids[j]), self.covers[1].length(t_ids[j]))
 
   def _row(self, ids: list[int], out: dict, b: int, stats: dict) -> None:
     ended = bool(ids) and ids[-1] in self.eos_ids
@@ -229,11 +246,7 @@ class CrossTokenizerView:
     out["teacher_first_BxR"][b, starts] = [first_teacher[s_span[k]] for k in starts]
     if merged and starts[:1] == [0] and first_teacher[s_span[0]] == 0:
       out["after_prefix_BxR"][b, 0] = 1.0
-    for k, j in corrected.values():  # the last tokens of a corrected boundary: their covers and spans
-      span, after = s_span[k], (s_span[k] + 1 if s_span[k] + 1 < len(valid) else UNSCORED)
-      out["student_cover_BxRx4"][b, k] = (*self.covers[0].cover(body[k]), span, after)
-      if j < self.max_response:
-        out["teacher_cover_BxRtx4"][b, j] = (*self.covers[1].cover(t_ids[j]), span, after)
+    self._write_covers(out, b, corrected, body, t_ids, s_span, len(valid), set(starts), first_teacher)
     unreadable = [k for k in unreadable if scored(s_span[k])]
     out["fixed_logp_BxR"][b, unreadable] = UNREADABLE_LOGP
     stats["tokens_unreadable"] += len(unreadable)

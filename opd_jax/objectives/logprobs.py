@@ -54,6 +54,8 @@ class Scores:
   hidden_BxRxD: jax.Array | None = None  # final hidden states, when asked (exact vocabulary objectives)
   top_logp_BxRxK: jax.Array | None = None  # top-k log-probs at top_k_temperature, when asked
   top_ids_BxRxK: jax.Array | None = None
+  # cross-tokenizer marginal form, corrected boundaries: the hidden state one teacher token back at a span start
+  prev_hidden_BxRxD: jax.Array | None = None
 
 
 def score(graphdef, state, prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR, *, temperature: float,

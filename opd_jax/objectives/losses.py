@@ -30,7 +30,7 @@ tokens a_t. Log-probs and logits are float32.
                  correction that keeps a handful of responses cannot take full Adam steps on them.
   reverse_kl     exact KL(pi_theta || pi_T) over the vocabulary at each sampled prefix. With a teacher of another
                  tokenizer (opd_jax.crosstok): at each span start, KL between both next-token distributions
-                 marginalized onto the next character (`divergence_marginalized`); a span's later tokens, which
+                 marginalized onto the next character (opd_jax.objectives.marginal); a span's later tokens, which
                  no teacher position predicts, take the span form's policy gradient (reverse_kl_pg's).
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
@@ -201,29 +201,6 @@ def _with_tail(top_BxRxK):
   mass_BxRx1 = jnp.sum(jnp.exp(top_BxRxK), axis=-1, keepdims=True)
   tail_BxRx1 = jnp.log(jnp.clip(1.0 - mass_BxRx1, 1e-30, 1.0))
   return jnp.concatenate([top_BxRxK, tail_BxRx1], axis=-1)
-
-
-def divergence_marginalized(student_logits_BxRxVs, teacher_logits_BxRxVt, events, temperature: float,
-                            after_prefix_BxR=None) -> jax.Array:
-  """KL(q_S || q_T) per position, [B, R]: both distributions (at `temperature`) marginalized onto common events
-  by `events` = (student token -> event [Vs], teacher token -> event [Vt], number of events E[, teacher token ->
-  event after the response prefix [Vt] or None]), -1 for a token in none, each side renormalized over its tokens
-  in some event (opd_jax.crosstok.projection). Where after_prefix_BxR > 0 the teacher's side uses the fourth
-  table (its token there merged the response prefix)."""
-  student_events_Vs, teacher_events_Vt, E = events[:3]
-  shifted_Vt = events[3] if len(events) > 3 else None
-
-  def marginal(logits_BxRxV, events_V):
-    p_BxRxV = jax.nn.softmax(logits_BxRxV / temperature, axis=-1)
-    q_BxRxE = jnp.zeros(p_BxRxV.shape[:-1] + (E,), p_BxRxV.dtype).at[..., jnp.maximum(events_V, 0)].add(
-        jnp.where(events_V >= 0, p_BxRxV, 0.0))
-    return q_BxRxE / jnp.maximum(jnp.sum(q_BxRxE, axis=-1, keepdims=True), 1e-30)
-
-  q_s, q_t = marginal(student_logits_BxRxVs, student_events_Vs), marginal(teacher_logits_BxRxVt, teacher_events_Vt)
-  if shifted_Vt is not None and after_prefix_BxR is not None:
-    q_t = jnp.where(after_prefix_BxR[..., None] > 0, marginal(teacher_logits_BxRxVt, shifted_Vt), q_t)
-  log_ratio = jnp.log(jnp.maximum(q_s, 1e-30)) - jnp.log(jnp.maximum(q_t, 1e-30))
-  return jnp.sum(jnp.where(q_s > 0, q_s * log_ratio, 0.0), axis=-1)
 
 
 def divergence_uld(student_logits_BxRxV, teacher_top_logp_BxRxK, temperature: float) -> jax.Array:

@@ -112,7 +112,7 @@ def _cross_programs(plan: PlanSpec, t_graphdef, t_params, objective, settings, r
   def args(rows_count: int) -> tuple:
     shapes = (((Pt,), jnp.int32), ((Pt,), jnp.bool_), ((Rt,), jnp.int32), ((Rt,), jnp.float32), ((Rt,), jnp.int32),
               ((R,), jnp.int32), ((R,), jnp.int32), ((R,), jnp.float32))
-    shapes += (((Rt, 4), jnp.int32),) if rank is not None else ()  # the teacher's covers
+    shapes += (((Rt, 4), jnp.int32), ((R, 6), jnp.int32)) if rank is not None else ()  # covers
     return (t_params, *(_abstract((rows_count, *shape), dtype, rows) for shape, dtype in shapes))
 
   score = span_score_program(t_graphdef, settings.rollout.temperature, settings.logits_chunk,
@@ -121,6 +121,24 @@ def _cross_programs(plan: PlanSpec, t_graphdef, t_params, objective, settings, r
   eval_kl = span_score_program(t_graphdef, 1.0, settings.logits_chunk, cover_rank=rank)
   return {"teacher_score": Program(score, args(B), ("teacher_params",)),
           "eval_span_kl": Program(eval_kl, args(E), ("teacher_params",))}
+
+
+PLAN_MAX_CHARS = 32  # planning from shapes: offset rows of the corrected marginal form (Gemma 3's longest token: 31)
+
+
+def _projection(plan: PlanSpec, objective) -> tuple | None:
+  """Placeholder common events of the cross-tokenizer marginal form (the train step's shapes; the real ones come
+  from the tokenizers, opd_jax.crosstok.projection), else None. Events: one per token of either side, the most
+  there can be, so the plan is an upper bound."""
+  cross = plan.run.cross
+  if not (cross.enabled and objective.needs_teacher_hidden):
+    return None
+  Vs, Vt = plan.student.vocab_size, plan.teacher.vocab_size
+  out = (np.zeros(Vs, np.int32), np.zeros(Vt, np.int32), Vs + Vt,
+         np.zeros(Vt, np.int32) if cross.teacher_response_prefix else None)
+  if cross.boundaries == "corrected":
+    out += ((np.zeros((PLAN_MAX_CHARS, Vs), np.int32), np.zeros((PLAN_MAX_CHARS, Vt), np.int32)),)
+  return out
 
 
 def _cover_rank(plan: PlanSpec, model):
@@ -139,7 +157,9 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
   B, P, K = plan.batch_size, plan.prompt_tokens, plan.sampler_top_k
   settings = plan.settings(micro_batch_size)
   if _cover_rank(plan, plan.student) is not None:
-    settings = dataclasses.replace(settings, cover_rank=_cover_rank(plan, plan.student))
+    settings = dataclasses.replace(settings, cover_rank=_cover_rank(plan, plan.student),
+                                   teacher_cover_rank=_cover_rank(plan, plan.teacher))
+  settings = dataclasses.replace(settings, projection=_projection(plan, settings.objective))
   objective, rollout = settings.objective, settings.rollout
   t_options, s_options = plan.model_options("teacher"), plan.model_options("student")
   s_graphdef, s_params = _abstract_model(plan.student, **s_options)
@@ -162,7 +182,8 @@ def build_programs(plan: PlanSpec, mesh: Mesh, micro_batch_size: int):
       teacher_hidden=(plan.teacher.hidden_size, jnp.dtype(t_options["dtype"])) if objective.needs_teacher_hidden
       else None, teacher_k=objective.top_k if objective.needs_teacher_topk else 0, sampler_k=K, snapshot=split,
       span=plan.run.cross.enabled, after_prefix=plan.run.cross.enabled and objective.needs_teacher_hidden
-      and bool(plan.run.cross.teacher_response_prefix), span_cover=settings.cover_rank is not None)
+      and bool(plan.run.cross.teacher_response_prefix), span_cover=settings.cover_rank is not None,
+      marginal_cover=settings.projection is not None and len(settings.projection) > 4)
   tokens = (batch.prompt_BxP, batch.prompt_valid_BxP, batch.response_BxR, batch.mask_BxR)
   key = _abstract((), jax.eval_shape(lambda: jax.random.key(0)).dtype, s_replicated)
   sampler_prompts = (_abstract((B, P), jnp.int32, s_rows), _abstract((B, P), jnp.bool_, s_rows))

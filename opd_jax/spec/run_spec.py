@@ -117,12 +117,13 @@ def _check_cross(cross: CrossTokenizerSpec, objective: ObjectiveConfig, teachers
     raise InputError("several teachers of their own tokenizers train the span form in this process: set "
                      "objective.name='reverse_kl_pg' and serve none of them (each teacher's hidden states or top-k "
                      "would need that teacher's head in the step)")
-  if cross.boundaries == "corrected" and (objective.name != "reverse_kl_pg" or teachers.multi or teachers.endpoints):
-    raise InputError(f"cross_tokenizer.boundaries='corrected' scores character-level span log-probs in the span "
-                     f"form, with one teacher in this process (it reads the teacher's whole next-token distribution "
-                     f"at corrected boundaries); objective.name={objective.name!r}, {len(teachers.specs)} teacher(s), "
-                     f"served: {bool(teachers.endpoints)}. Use reverse_kl_pg with one in-process teacher, or "
-                     "boundaries='settled'")
+  if cross.boundaries == "corrected" and (objective.name not in ("reverse_kl_pg", "reverse_kl") or teachers.multi
+                                          or teachers.endpoints):
+    raise InputError(f"cross_tokenizer.boundaries='corrected' scores character-level span log-probs (the span form) "
+                     f"and next-character marginals (reverse_kl), with one teacher in this process (it reads the "
+                     f"teacher's whole next-token distribution at corrected boundaries); objective.name="
+                     f"{objective.name!r}, {len(teachers.specs)} teacher(s), served: {bool(teachers.endpoints)}. Use "
+                     "reverse_kl_pg or reverse_kl with one in-process teacher, or boundaries='settled'")
   if teachers.endpoints and objective.name != "reverse_kl_pg":
     raise InputError(f"a served teacher of another tokenizer sends the log-probs of its own tokens, which is what "
                      f"the span form needs; objective.name={objective.name!r} needs its hidden states or top-k at "

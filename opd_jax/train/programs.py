@@ -50,6 +50,7 @@ class RunSettings:
   batch_size: int = 0  # rows per rollout batch (the paged engine decodes this many at once by default)
   projection: tuple | None = None  # cross-tokenizer full-distribution form's events (opd_jax.crosstok.projection)
   cover_rank: object = None  # cross-tokenizer corrected boundaries: the student's cover ranks (opd_jax.crosstok.cover)
+  teacher_cover_rank: object = None  # ... and the teacher's (the marginal form's character-level distributions)
 
   @classmethod
   def for_run(cls, spec: RunSpec, *, vocab_size: int, eos_ids: tuple[int, ...], pad_id: int,
@@ -97,7 +98,7 @@ def train_step_program(graphdef, teacher_graphdef, optimizer: optax.GradientTran
                          settings.objective.is_cap, teacher_graphdef=teacher_graphdef,
                          logits_chunk=settings.logits_chunk, micro_batch_size=micro,
                          teacher_names=settings.teacher_names, projection=settings.projection,
-                         cover_rank=settings.cover_rank)
+                         cover_rank=settings.cover_rank, teacher_cover_rank=settings.teacher_cover_rank)
   return jax.jit(shard_lib.with_activations_on(mesh, fn),
                  in_shardings=(state_shardings, shard_lib.batch_sharding(mesh), teacher_shardings),
                  out_shardings=(state_shardings, shard_lib.replicated(mesh)), donate_argnums=(0,))

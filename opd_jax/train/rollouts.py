@@ -106,7 +106,7 @@ class RolloutProducer:
       out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
     valid_BxP = self.put_batch(prompts["prompt_valid_BxP"])
-    route_BxN = span_BxR = after_prefix_BxR = span_cover_BxRx4 = None
+    route_BxN = span_BxR = after_prefix_BxR = span_cover_BxRx4 = marginal_cover_BxRx6 = None
     mask_BxN = out.mask_BxN
     if self._routed_cross:  # teachers of their own tokenizers, each row scored by its own
       teacher, span_BxR, route_BxN = self.teachers.cross_score(prompts["index_B"], out.tokens_BxN, mask_BxN,
@@ -117,6 +117,7 @@ class RolloutProducer:
       mask_BxN = mask_BxN * (span_BxR >= 0)
       after_prefix_BxR = self.cross.after_prefix()
       span_cover_BxRx4 = self.cross.student_cover()
+      marginal_cover_BxRx6 = self.cross.marginal_cover()
     elif self.teachers is not None:  # each row by its own teacher, in this process or over the wire
       routes = self.routes[prompts["index_B"]] if self.routes is not None else None
       teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, routes)
@@ -135,7 +136,9 @@ class RolloutProducer:
                         sampler_top_ids_BxRxK=out.top_ids_BxNxK, snapshot_logp_BxR=snapshot_logp, reward_B=reward,
                         teacher_route_BxN=route_BxN,
                         version_lag_BxR=None if latest is None else (index - out.version_BxN).astype(np.float32),
-                        span_BxR=span_BxR, after_prefix_BxR=after_prefix_BxR, span_cover_BxRx4=span_cover_BxRx4)
+                        span_BxR=span_BxR, after_prefix_BxR=after_prefix_BxR, span_cover_BxRx4=span_cover_BxRx4,
+                        marginal_cover_BxRx6=marginal_cover_BxRx6,
+                        teacher_prev_hidden_BxRxD=None if marginal_cover_BxRx6 is None else teacher.prev_hidden_BxRxD)
 
 
 class AsyncRollouts:

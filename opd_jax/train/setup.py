@@ -109,9 +109,9 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
     cross_for = _cross_builder(spec, tokenizer, train_problems + heldout, eos_ids, graphdef, vocab_size, settings,
                                put_batch)
     cross, span_kl = cross_for(spec.teachers.specs[0], teacher_graphdef, main_served)
-    covers = cross.view.covers
-    settings = dataclasses.replace(settings, projection=cross.projection,
-                                   cover_rank=None if covers is None else covers[0].rank_V)
+    ranks = (None, None) if cross.view.covers is None else tuple(c.rank_V for c in cross.view.covers)
+    settings = dataclasses.replace(settings, projection=cross.projection, cover_rank=ranks[0],
+                                   teacher_cover_rank=ranks[1])
   built = programs.build(settings, graphdef=graphdef, teacher_graphdef=teacher_graphdef, state=state,
                          teacher_state=teacher_state, optimizer=optimizer, mesh=mesh, sampler_mesh=sampler_mesh,
                          compute_dtype=student.dtype)

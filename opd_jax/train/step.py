@@ -37,8 +37,9 @@ from opd_jax.mismatch.metrics import token_mean, token_metrics, vocab_divergence
 from opd_jax.objectives.chunked import gather_logp, merge_rows, split_rows, tempered_log_softmax, token_map
 from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
-                                       divergence_marginalized, divergence_topk, divergence_uld, effective_sample_size,
+                                       divergence_topk, divergence_uld, effective_sample_size,
                                        group_advantages, masked_mean)
+from opd_jax.objectives.marginal import divergence_marginalized
 from opd_jax.objectives.spans import cover_delta, span_corrections, span_total
 
 
@@ -73,16 +74,22 @@ class RolloutBatch:
   after_prefix_BxR: jax.Array | None = None
   # cross-tokenizer span form with corrected boundaries: the student's covers (view.student_cover_BxRx4)
   span_cover_BxRx4: jax.Array | None = None
+  # cross-tokenizer marginal form with corrected boundaries: both sides' last-token covers at span starts after a
+  # corrected boundary (view.marginal_cover_BxRx6), and the teacher's hidden state one token back there
+  marginal_cover_BxRx6: jax.Array | None = None
+  teacher_prev_hidden_BxRxD: jax.Array | None = None
 
   @classmethod
   def abstract(cls, rows, *, batch: int, prompt: int, response: int, teacher_hidden: tuple[int, jnp.dtype] | None,
                teacher_k: int, sampler_k: int, snapshot: bool, span: bool = False,
-               after_prefix: bool = False, span_cover: bool = False) -> "RolloutBatch":
+               after_prefix: bool = False, span_cover: bool = False, marginal_cover: bool = False
+               ) -> "RolloutBatch":
     """The batch's shapes and dtypes (jax.ShapeDtypeStruct, rows sharded by `rows`), for compiling a step before
     any rollout exists (the memory planner). teacher_hidden: (D, dtype) for exact vocabulary objectives;
     teacher_k / sampler_k: top-k widths (0 = absent); snapshot: the mismatch split's snapshot log-probs; span: a
     cross-tokenizer teacher's spans; after_prefix: the marginal form's response-prefix positions; span_cover: the
-    student's covers of corrected boundaries."""
+    student's covers of corrected boundaries; marginal_cover: the marginal form's at corrected boundaries (with the
+    teacher's hidden states one token back)."""
     def a(shape, dtype):
       return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=rows)
     B, P, R = batch, prompt, response
@@ -98,7 +105,9 @@ class RolloutBatch:
         snapshot_logp_BxR=a((B, R), jnp.float32) if snapshot else None,
         span_BxR=a((B, R), jnp.int32) if span else None,
         after_prefix_BxR=a((B, R), jnp.float32) if after_prefix else None,
-        span_cover_BxRx4=a((B, R, 4), jnp.int32) if span_cover else None)
+        span_cover_BxRx4=a((B, R, 4), jnp.int32) if span_cover else None,
+        marginal_cover_BxRx6=a((B, R, 6), jnp.int32) if marginal_cover else None,
+        teacher_prev_hidden_BxRxD=a((B, R, teacher_hidden[0]), teacher_hidden[1]) if marginal_cover else None)
 
 
 def _prefixed(prefix: str, metrics: dict) -> dict:
@@ -131,6 +140,11 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
     arrays["teacher_hidden"] = batch.teacher_hidden_BxRxD
     if batch.after_prefix_BxR is not None:
       arrays["after_prefix"] = batch.after_prefix_BxR
+  corrected = events is not None and len(events) > 4 and batch.marginal_cover_BxRx6 is not None
+  if corrected:  # the student's hidden state one token back, the teacher's (shipped), both last tokens' covers
+    arrays["prev_hidden"] = jnp.pad(arrays["hidden"], ((0, 0), (1, 0), (0, 0)))[:, :-1]
+    arrays["teacher_prev_hidden"] = batch.teacher_prev_hidden_BxRxD
+    arrays["marginal_cover"] = batch.marginal_cover_BxRx6
   if objective.needs_teacher_topk:
     arrays["teacher_top_logp"] = batch.teacher_top_logprobs_BxRxK
     arrays["teacher_top_ids"] = batch.teacher_top_ids_BxRxK
@@ -150,9 +164,12 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
       out["cover_delta"] = jax.lax.stop_gradient(cover_delta(logp_BxCxV, x["tokens"], x["cover"], rank_V))
     if objective.needs_teacher_hidden:
       teacher_logits_BxCxV = jax.lax.stop_gradient(teacher.logits(x["teacher_hidden"]))
+      character = None if not corrected else (
+          model.logits(x["prev_hidden"]), jax.lax.stop_gradient(teacher.logits(x["teacher_prev_hidden"])),
+          x["marginal_cover"], rank_V)
       out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if events is None
                            else divergence_marginalized(logits_BxCxV, teacher_logits_BxCxV, events, t,
-                                                        x.get("after_prefix")))
+                                                        x.get("after_prefix"), character))
     if objective.name == "uld":
       out["divergence"] = divergence_uld(logits_BxCxV, x["teacher_top_logp"], t)
     elif objective.needs_teacher_topk:
@@ -169,7 +186,7 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
                temperature: float, is_cap: float, state: TrainState, batch: RolloutBatch, teacher_state=None, *,
                teacher_graphdef=None, logits_chunk: int = 0, micro_batch_size: int = 0,
                mismatch_metrics: bool = True, teacher_names: tuple[str, ...] = (),
-               projection: tuple | None = None, cover_rank=None):
+               projection: tuple | None = None, cover_rank=None, teacher_cover_rank=None):
   """One update (bind everything before `state` and the keyword options with functools.partial, then jit).
 
   teacher_state / teacher_graphdef: the fixed teacher, needed by the exact vocabulary objectives (its head turns
@@ -180,7 +197,8 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   projection: a cross-tokenizer teacher's common events (opd_jax.crosstok.projection.character_events; the exact
   vocabulary objectives then compare both distributions marginalized onto them, at span starts). cover_rank: the
   student vocabulary's cover ranks (opd_jax.crosstok.cover) with corrected boundaries: the span form's student
-  span totals then get the student's cover corrections at the batch's span_cover_BxRx4.
+  span totals then get the student's cover corrections at the batch's span_cover_BxRx4. teacher_cover_rank: the
+  teacher's, for the marginal form at corrected boundaries (projection then has its offset tables).
   """
   mask = batch.mask_BxR
   B = mask.shape[0]
@@ -198,6 +216,9 @@ def train_step(graphdef, optimizer: optax.GradientTransformation, objective: Obj
   events = None if projection is None else (
       jnp.asarray(projection[0], jnp.int32), jnp.asarray(projection[1], jnp.int32), projection[2],
       None if len(projection) < 4 or projection[3] is None else jnp.asarray(projection[3], jnp.int32))
+  if events is not None and len(projection) > 4:  # offset tables, and the teacher's ranks beside them
+    events = events + (tuple(jnp.asarray(t, jnp.int32) for t in projection[4]) + (
+        jnp.asarray(teacher_cover_rank, jnp.int32),),)
   rank_V = None if cover_rank is None else jnp.asarray(cover_rank, jnp.int32)
   forward = functools.partial(_learner_forward, graphdef, objective, temperature, logits_chunk, teacher,
                               vocab_metrics, events, rank_V)
