@@ -384,6 +384,7 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
     rows = [json.loads(line) for line in f]
   steps = [r for r in rows if "loss" in r]
   assert steps and steps[-1]["step"] == 3 and all(np.isfinite(r["loss"]) for r in steps)
+  assert all(r["skipped"] == 0 and np.isfinite(r["grad_norm"]) for r in steps)  # no non-finite gradient
   # numbers: the teacher's "12" is one span of two student digits, so spans are fewer than scored tokens
   assert all(0 < r["cross_tokenizer/token_share"] <= 1 for r in steps)
   assert any(r["cross_tokenizer/student_tokens_per_span"] > 1 for r in steps)

@@ -245,3 +245,11 @@ def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_th
     if text == "3+4":  # after "3": the teacher's plain marginal is of "3, then no digit"
       assert corrected_here and kl(False)[corrected_here[0]] > 0.1
   assert corrected_starts == 1  # the span start after "3" in "3+4" (a cut end starts no span)
+  # the gradient is finite at every position, those without a cover too (they normalize a total of 0)
+  arrays, _ = _row(view, "3+4", eos)
+  rng = np.random.RandomState(0)
+  s_logits, t_logits = (jnp.asarray(rng.randn(1, 16, len(tok)), jnp.float32) for tok in (char, number))
+  cover = jnp.asarray(arrays["marginal_cover_BxRx6"])
+  loss = lambda s, s_prev: jnp.sum(divergence_marginalized(s, t_logits, events, 1.0, None, (
+      s_prev, t_logits, cover, jnp.asarray(view.covers[0].rank_V))))
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.grad(loss, argnums=(0, 1))(s_logits, s_logits))

@@ -60,5 +60,8 @@ def character_level(q_BxRxE, prev_logits_BxRxV, cover_BxRx3, rank_V, offsets_LxV
       jnp.where(event_V >= 0, p_V, 0.0))
   longer_BxRxE = jax.vmap(jax.vmap(scatter))(event_BxRxV, p_BxRxV)
   out_BxRxE = exact_BxRx1 * q_BxRxE + longer_BxRxE
-  out_BxRxE = out_BxRxE / jnp.maximum(jnp.sum(out_BxRxE, axis=-1, keepdims=True), 1e-30)
+  # positions without a cover total 0; dividing them by 1, not by a tiny floor, keeps their (unused) gradient
+  # finite: 0 / 1e-30**2 underflows to 0 / 0 in float32, and the where below would multiply that NaN by 0
+  total_BxRx1 = jnp.sum(out_BxRxE, axis=-1, keepdims=True)
+  out_BxRxE = out_BxRxE / jnp.where(total_BxRx1 > 0, total_BxRx1, 1.0)
   return jnp.where(lo_BxR[..., None] >= 0, out_BxRxE, q_BxRxE)
