@@ -97,11 +97,18 @@ def test_a_paged_run_plans_the_engines_programs_and_its_kv_capacity(tiny_dir):
   assert all(by[kv]["sequences"] == pages(kv) for kv in by)
 
 
-def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir):
+def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir, tmp_path):
   """cross_tokenizer.enabled: the teacher scores its own prompt and response (twice the student's by default),
-  with its hidden states at span starts for the marginal objective; the held-out KL is the span estimate."""
-  result = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
-                                  objective__name="reverse_kl"))
+  with its hidden states at span starts for the marginal objective; the held-out KL is the span estimate. The
+  marginal form compares two vocabularies through common events, planned with placeholder events (one per token
+  of either side): it was planned as one vocabulary and crashed on configs/pairx.py (logits of 32 against 128
+  tokens), so the teacher here has a vocabulary of its own size."""
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump({**TINY, "vocab_size": 1536}, f)
+  marginal = lambda **overrides: mp.plan_memory(plan_of(
+      tiny_dir, teacher_dir=str(tmp_path), cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
+      objective__name="reverse_kl", **overrides))
+  result = marginal()
   assert {"teacher_score", "eval_span_kl", "train_step"} <= set(result.programs)
   assert "eval_reverse_kl" not in result.programs
   same = mp.plan_memory(plan_of(tiny_dir, objective__name="reverse_kl"))
@@ -114,21 +121,11 @@ def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir):
                                    objective__name="reverse_kl_pg"))
   for name in ("teacher_score", "train_step"):
     assert corrected.programs[name].argument_bytes > settled.programs[name].argument_bytes, name
-
-
-def test_the_marginal_form_plans_a_teacher_of_another_vocabulary_size(tiny_dir, tmp_path):
-  """The next-character marginals compare two vocabularies through common events: planned with placeholder events
-  (one per token of either side), not as one vocabulary (the planner crashed on configs/pairx.py: logits of 32
-  against 128 tokens). Corrected boundaries add the covers and the teacher's hidden states one token back."""
-  with open(tmp_path / "config.json", "w") as f:
-    json.dump({**TINY, "vocab_size": 1536}, f)
-  plan = lambda **overrides: mp.plan_memory(plan_of(
-      tiny_dir, teacher_dir=str(tmp_path), cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
-      objective__name="reverse_kl", **overrides))
-  settled, corrected = plan(), plan(cross_tokenizer__boundaries="corrected")
-  assert settled.fits and corrected.fits
+  # the marginal form at corrected boundaries adds the covers and the teacher's hidden states one token back
+  corrected_marginal = marginal(cross_tokenizer__boundaries="corrected")
+  assert corrected_marginal.fits
   for name in ("teacher_score", "train_step"):
-    assert corrected.programs[name].argument_bytes > settled.programs[name].argument_bytes, name
+    assert corrected_marginal.programs[name].argument_bytes > result.programs[name].argument_bytes, name
 
 
 def test_bigger_batch_bigger_train_step_peak(tiny_dir):
