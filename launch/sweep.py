@@ -40,7 +40,13 @@ def run() -> int:
 def main(argv):
   del argv
   _cli.log_devices()
-  sys.exit(1 if _cli.run_or_exit(run) else 0)
+  from opd_jax.train.preemption import Preempted
+  try:
+    failed = _cli.run_or_exit(run)
+  except Preempted as e:  # the point checkpointed; the sweep stops (rerun the same command to resume it)
+    print(f"sweep {e}", file=sys.stderr, flush=True)
+    sys.exit(e.status)
+  sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

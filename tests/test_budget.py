@@ -245,6 +245,27 @@ def test_sweep_records_failures_and_resumes(tmp_path):
     run_sweep(bad, str(tmp_path / "x"), _fake_pair_config, _fake_train([]))
 
 
+def test_a_preempted_point_stops_the_sweep_and_resumes_on_rerun(tmp_path):
+  """SIGTERM reaches the point's run, which checkpoints and raises Preempted: the sweep stops there (it went on to
+  the next points before, so a stopped sweep kept training), writes no row for it, and the rerun runs it."""
+  from opd_jax.train.preemption import Preempted
+  calls, train = [], _fake_train([])
+
+  def preempted_at_fp8(config, workdir):
+    calls.append(workdir)
+    if config.rollout.weights == "fp8" and len(calls) < 3:
+      raise Preempted("preempted: SIGTERM received; stopped after step 1", 143)
+    train(config, workdir)
+  sweep = _sweep()
+  sweep.points = (("baseline", ()), ("fp8", (("rollout.weights", "fp8"),)), ("last", (("rollout.weights", "int8"),)))
+  with pytest.raises(Preempted):
+    run_sweep(sweep, str(tmp_path), _fake_pair_config, preempted_at_fp8, log=lambda *_: None)
+  assert [r["point"] for r in read_jsonl(os.path.join(tmp_path, "results.jsonl"))] == ["baseline"]
+  assert len(calls) == 2  # "last" never started
+  rows = run_sweep(sweep, str(tmp_path), _fake_pair_config, preempted_at_fp8, log=lambda *_: None)
+  assert [(r["point"], r["status"]) for r in rows] == [("baseline", "ok"), ("fp8", "ok"), ("last", "ok")]
+
+
 def test_results_of_two_objectives_are_refused(tmp_path):
   paths = []
   for objective in ("reverse_kl", "grpo"):

@@ -9,7 +9,9 @@ DIR/results.jsonl gets one complete JSON line per finished point: the point's fu
 mismatch metrics, final and best held-out accuracy, delta vs the baseline, wall time and status, and the run's
 identity (`run_id`: a hash of its full resolved config, seed and `code_version`, experiments/run_identity.py).
 Rerunning skips points already "ok"; a point that crashed is recorded with status "failed" and its error, the sweep
-goes on, and the next rerun retries it.
+goes on, and the next rerun retries it. A point stopped by a signal (SIGTERM / SIGINT: the run checkpoints and
+raises Preempted) stops the sweep with it, no row written: the machine is going away, so starting the next point
+would only be stopped again, and the rerun resumes that point from its checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tqdm.auto import tqdm
 from opd_jax.experiments.files import append_jsonl, read_jsonl, write_json
 from opd_jax.experiments.run_identity import code_version, run_id
 from opd_jax.errors import InputError
+from opd_jax.train.preemption import Preempted
 
 BASELINE = "baseline"
 
@@ -119,6 +122,8 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
       _discard_if_config_changed(workdir, config)
       train_fn(config, workdir)
       row.update(_summarize(workdir), status="ok")
+    except Preempted:
+      raise  # the sweep stops with its point (module docstring)
     except Exception as e:  # recorded, not raised: one bad point must not stop the sweep
       row.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
       log(f"  {pair}/{point['name']} failed: {row['error']}")
