@@ -95,6 +95,14 @@ def _tabular(sequences: dict, probability: dict, target: tuple, covers: dict) ->
   return logp, delta
 
 
+def _text_distribution(char, number) -> tuple[dict, dict, dict]:
+  """(probability of each text, its student tokens, its teacher tokens), each ending with the side's EOS."""
+  probability = {"7": 0.2, "76": 0.3, "765": 0.1, "3+4": 0.15, "35": 0.25}
+  student = {w: tuple(char.encode(w, add_special_tokens=False)) + (char.eos_token_id,) for w in probability}
+  teacher = {w: tuple(number.encode(w, add_special_tokens=False)) + (number.eos_token_id,) for w in probability}
+  return probability, student, teacher
+
+
 @pytest.mark.parametrize("eos", [True, False])
 def test_a_student_that_states_the_teachers_text_distribution_has_zero_advantage_on_corrected_spans(tokenizers, eos):
   """The distribution of test_crosstok's zero-advantage test, spans corrected: "3+4" now splits after "3" (a digit
@@ -102,9 +110,7 @@ def test_a_student_that_states_the_teachers_text_distribution_has_zero_advantage
   log-prob plus its corrections (+ its last token's delta, - the previous span's) must agree."""
   char, number = tokenizers["char"], tokenizers["number"]
   view = _view(char, number)
-  probability = {"7": 0.2, "76": 0.3, "765": 0.1, "3+4": 0.15, "35": 0.25}
-  student = {w: tuple(char.encode(w, add_special_tokens=False)) + (char.eos_token_id,) for w in probability}
-  teacher = {w: tuple(number.encode(w, add_special_tokens=False)) + (number.eos_token_id,) for w in probability}
+  probability, student, teacher = _text_distribution(char, number)
   corrected = 0
   for text in probability:
     arrays, stats = _row(view, text, eos)
@@ -224,9 +230,7 @@ def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_th
       char, number, len(char), len(number), (char.eos_token_id,), number.eos_token_id, max_chars=longest + 1)
   events = (jnp.asarray(s_events), jnp.asarray(t_events), E, None,
             (jnp.asarray(s_offsets), jnp.asarray(t_offsets), jnp.asarray(view.covers[1].rank_V)))
-  probability = {"7": 0.2, "76": 0.3, "765": 0.1, "3+4": 0.15, "35": 0.25}
-  student = {w: tuple(char.encode(w, add_special_tokens=False)) + (char.eos_token_id,) for w in probability}
-  teacher = {w: tuple(number.encode(w, add_special_tokens=False)) + (number.eos_token_id,) for w in probability}
+  probability, student, teacher = _text_distribution(char, number)
   corrected_starts = 0
   for text in probability:
     arrays, _ = _row(view, text, eos)
