@@ -102,30 +102,24 @@ def test_a_cross_tokenizer_run_plans_the_teachers_own_lengths(tiny_dir, tmp_path
   with its hidden states at span starts for the marginal objective; the held-out KL is the span estimate. The
   marginal form compares two vocabularies through common events, planned with placeholder events (one per token
   of either side): it was planned as one vocabulary and crashed on configs/pairx.py (logits of 32 against 128
-  tokens), so the teacher here has a vocabulary of its own size."""
-  with open(tmp_path / "config.json", "w") as f:
-    json.dump({**TINY, "vocab_size": 1536}, f)
-  marginal = lambda **overrides: mp.plan_memory(plan_of(
-      tiny_dir, teacher_dir=str(tmp_path), cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
-      objective__name="reverse_kl", **overrides))
-  result = marginal()
+  tokens), so a teacher of its own vocabulary size is planned too, settled and corrected."""
+  cross = dict(cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain", objective__name="reverse_kl")
+  result = mp.plan_memory(plan_of(tiny_dir, **cross))
   assert {"teacher_score", "eval_span_kl", "train_step"} <= set(result.programs)
   assert "eval_reverse_kl" not in result.programs
   same = mp.plan_memory(plan_of(tiny_dir, objective__name="reverse_kl"))
   # 2 x (8 + 32) teacher tokens against 8 + 32
   assert result.programs["teacher_score"].argument_bytes > same.programs["teacher_score"].argument_bytes
-  # corrected boundaries: the span form's programs take the covers (the teacher's and the student's)
-  corrected = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
-                                     objective__name="reverse_kl_pg", cross_tokenizer__boundaries="corrected"))
-  settled = mp.plan_memory(plan_of(tiny_dir, cross_tokenizer__enabled=True, cross_tokenizer__teacher_format="plain",
-                                   objective__name="reverse_kl_pg"))
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump({**TINY, "vocab_size": 1536}, f)
+  settled = mp.plan_memory(plan_of(tiny_dir, teacher_dir=str(tmp_path), **cross))
+  # corrected boundaries: the programs take the covers (the teacher's and the student's), and the marginal form
+  # the teacher's hidden states one token back
+  corrected = mp.plan_memory(plan_of(tiny_dir, teacher_dir=str(tmp_path), cross_tokenizer__boundaries="corrected",
+                                     **cross))
+  assert settled.fits and corrected.fits
   for name in ("teacher_score", "train_step"):
     assert corrected.programs[name].argument_bytes > settled.programs[name].argument_bytes, name
-  # the marginal form at corrected boundaries adds the covers and the teacher's hidden states one token back
-  corrected_marginal = marginal(cross_tokenizer__boundaries="corrected")
-  assert corrected_marginal.fits
-  for name in ("teacher_score", "train_step"):
-    assert corrected_marginal.programs[name].argument_bytes > result.programs[name].argument_bytes, name
 
 
 def test_bigger_batch_bigger_train_step_peak(tiny_dir):
