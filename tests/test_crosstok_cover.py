@@ -3,6 +3,8 @@ whose text starts with a token's; every shared boundary ends a span, and each si
 corrections is a character-level log-prob, so a student that states the teacher's text distribution has zero
 advantage on every span, also where the two tokenizations mean different events at a boundary."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,13 +216,10 @@ def _next_token_logits(sequences: dict, probability: dict, target: tuple, vocab:
   return out
 
 
-@pytest.mark.parametrize("eos", [True, False])
-def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_that_states_the_teachers_text(
-    tokenizers, eos):
-  """The marginal form with corrected boundaries: at every scored span start both sides' next-character
-  distributions, made character-level one token back where the boundary was corrected, are equal for a student
-  that states the teacher's text distribution (KL 0); uncorrected, the teacher's after "3" in "3+4" is "3, then
-  no digit" and differs."""
+@pytest.fixture(scope="module")
+def marginal_kl(tokenizers):
+  """(view, kl): kl(s_logits, t_logits, s_prev, t_prev, cover, corrected) is divergence_marginalized on the pair's
+  tables, jitted once for every text and both tests' [1, 16, V] shapes (eager dispatch took ~15 s per test)."""
   from opd_jax.crosstok.projection import character_events
   from opd_jax.objectives.marginal import divergence_marginalized
   char, number = tokenizers["char"], tokenizers["number"]
@@ -230,6 +229,24 @@ def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_th
       char, number, len(char), len(number), (char.eos_token_id,), number.eos_token_id, max_chars=longest + 1)
   events = (jnp.asarray(s_events), jnp.asarray(t_events), E, None,
             (jnp.asarray(s_offsets), jnp.asarray(t_offsets), jnp.asarray(view.covers[1].rank_V)))
+  rank_Vs = jnp.asarray(view.covers[0].rank_V)
+
+  @functools.partial(jax.jit, static_argnames="corrected")
+  def kl(s_logits, t_logits, s_prev, t_prev, cover, corrected=True):
+    return divergence_marginalized(s_logits, t_logits, events, 1.0, None,
+                                   (s_prev, t_prev, cover, rank_Vs) if corrected else None)
+  return view, kl
+
+
+@pytest.mark.parametrize("eos", [True, False])
+def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_that_states_the_teachers_text(
+    tokenizers, marginal_kl, eos):
+  """The marginal form with corrected boundaries: at every scored span start both sides' next-character
+  distributions, made character-level one token back where the boundary was corrected, are equal for a student
+  that states the teacher's text distribution (KL 0); uncorrected, the teacher's after "3" in "3+4" is "3, then
+  no digit" and differs."""
+  char, number = tokenizers["char"], tokenizers["number"]
+  view, kl = marginal_kl
   probability, student, teacher = _text_distribution(char, number)
   corrected_starts = 0
   for text in probability:
@@ -238,22 +255,22 @@ def test_next_character_marginals_agree_at_corrected_boundaries_for_a_student_th
     t_logits = _next_token_logits(teacher, probability, teacher[text], len(number))
     first, cover = arrays["teacher_first_BxR"][0], arrays["marginal_cover_BxRx6"][0]
     starts = [k for k in range(16) if first[k] >= 0]
-    pick = lambda logits, index: jnp.asarray(logits[np.maximum(index, 0)][None])
-    kl = lambda corrected: np.asarray(divergence_marginalized(
-        pick(s_logits, np.asarray(starts)), pick(t_logits, first[starts]), events, 1.0, None,
-        (pick(s_logits, np.asarray(starts) - 1), pick(t_logits, first[starts] - 1),
-         jnp.asarray(cover[starts][None]), jnp.asarray(view.covers[0].rank_V)) if corrected else None))[0]
-    np.testing.assert_allclose(kl(True), 0.0, atol=1e-5, err_msg=f"{text} eos={eos}")
+    # every one of the 16 positions is computed (fixed shapes: one compile); only span starts are read
+    pick = lambda logits, index: jnp.asarray(logits[np.clip(index, 0, len(logits) - 1)][None])
+    s_index, t_index = np.arange(16), np.maximum(first, 0)
+    args = (pick(s_logits, s_index), pick(t_logits, t_index), pick(s_logits, s_index - 1),
+            pick(t_logits, t_index - 1), jnp.asarray(cover[None]))
+    at_starts = lambda corrected: np.asarray(kl(*args, corrected=corrected))[0, starts]
+    np.testing.assert_allclose(at_starts(True), 0.0, atol=1e-5, err_msg=f"{text} eos={eos}")
     corrected_here = [i for i, k in enumerate(starts) if cover[k, 0] >= 0]
     corrected_starts += len(corrected_here)
     if text == "3+4":  # after "3": the teacher's plain marginal is of "3, then no digit"
-      assert corrected_here and kl(False)[corrected_here[0]] > 0.1
+      assert corrected_here and at_starts(False)[corrected_here[0]] > 0.1
   assert corrected_starts == 1  # the span start after "3" in "3+4" (a cut end starts no span)
   # the gradient is finite at every position, those without a cover too (they normalize a total of 0)
   arrays, _ = _row(view, "3+4", eos)
   rng = np.random.RandomState(0)
   s_logits, t_logits = (jnp.asarray(rng.randn(1, 16, len(tok)), jnp.float32) for tok in (char, number))
   cover = jnp.asarray(arrays["marginal_cover_BxRx6"])
-  loss = lambda s, s_prev: jnp.sum(divergence_marginalized(s, t_logits, events, 1.0, None, (
-      s_prev, t_logits, cover, jnp.asarray(view.covers[0].rank_V))))
+  loss = lambda s, s_prev: jnp.sum(kl(s, t_logits, s_prev, t_logits, cover))
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.grad(loss, argnums=(0, 1))(s_logits, s_logits))
