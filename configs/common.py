@@ -179,6 +179,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.objective.top_k = 16  # support of the *_topk objectives
   c.objective.temperature = 1.0  # full-vocabulary objectives divide both logits by this
   c.objective.group_size = 8  # grpo: responses per prompt (train.batch_size / group_size distinct prompts)
+  # reverse_kl with a teacher of another tokenizer: "first" scores a span's first character by its marginals and
+  # its later tokens by the span's policy gradient; "chain" adds the rest of the span given its first character
+  # (opd_jax/objectives/losses.py). No effect with one tokenizer (the exact reverse KL).
+  c.objective.marginal_span = "first"
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 1e-3  # AdamW peak learning rate

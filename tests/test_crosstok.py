@@ -337,6 +337,40 @@ def test_a_spans_later_tokens_take_the_span_policy_gradient_under_vocabulary_obj
   np.testing.assert_allclose(got, [[0.3, -(-1.0) * -2.0, 0.7, -(1.0) * -1.5]])
 
 
+
+def _chain_loss(z_student, teacher_logits, events, sampled: int, mode: str):
+  """The loss of one response holding one span of one sampled token, under marginal_span=mode."""
+  q_s, q_t = marginal.marginals(z_student[None, None], teacher_logits[None, None], events, 1.0)
+  first_s, first_t = marginal.first_character_logq(q_s, q_t, events[0], jnp.asarray([[sampled]]))
+  learner = jax.nn.log_softmax(z_student)[sampled].reshape(1, 1)
+  teacher = jax.nn.log_softmax(teacher_logits)[sampled].reshape(1, 1)  # the teacher's log-prob of the same text
+  inputs = LossInputs(learner, jax.lax.stop_gradient(learner), teacher, jnp.ones((1, 1)),
+                      marginal.marginal_kl(q_s, q_t), span_BxR=jnp.zeros((1, 1), jnp.int32),
+                      first_logq_BxR=first_s, teacher_first_logq_BxR=first_t)
+  return losses.compute_loss(inputs, ObjectiveConfig(name="reverse_kl", marginal_span=mode))[0]
+
+
+def test_the_chain_split_scores_a_spans_rest_given_its_first_character():
+  """Tokens a, ab, ac, b (first characters a, a, a, b) on both sides, each response one span of one token. Both
+  sides give "a..." 0.8; the teacher prefers "ab" to "ac" (0.6 against 0.1), the student "ac" (0.4 against 0.3).
+  'first' has zero gradient (the first characters agree), so the student never learns "ab" over "ac". 'chain'
+  lowers "ac" once sampled, and its gradient averaged over the student's own samples is the exact token-level
+  reverse KL's gradient (the chain rule: KL of the first character + the expected KL of the rest given it)."""
+  events = (jnp.asarray([0, 0, 0, 1]), jnp.asarray([0, 0, 0, 1]), 2)
+  p_student, p_teacher = jnp.asarray([0.1, 0.3, 0.4, 0.2]), jnp.asarray([0.1, 0.6, 0.1, 0.2])
+  z, t = jnp.log(p_student), jnp.log(p_teacher)
+  grad = lambda sampled, mode: np.asarray(jax.grad(_chain_loss)(z, t, events, sampled, mode))
+  for sampled in range(4):
+    np.testing.assert_allclose(grad(sampled, "first"), 0.0, atol=1e-6)
+  after_ac = grad(2, "chain")
+  assert after_ac[2] - after_ac[1] > 0.1  # descending it lowers log p(ac) - log p(ab)
+  expected = sum(float(p_student[u]) * grad(u, "chain") for u in range(4))
+  exact = np.asarray(jax.grad(lambda z: losses.divergence_exact(z[None, None], t[None, None], 1.0, 1.0)[0, 0])(z))
+  np.testing.assert_allclose(expected, exact, atol=1e-6)
+  with pytest.raises(InputError, match="marginal_span='chain'.*needs objective.name='reverse_kl'"):
+    ObjectiveConfig(name="reverse_kl_pg", marginal_span="chain")
+
+
 # ------------------------------------------------------------------------------------------- in the loop
 
 @pytest.fixture(scope="module")
@@ -378,6 +412,8 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
     config.cross_tokenizer.teacher_response_prefix = " "  # (the settled marginals train in the pairx sweep)
   if corrected:  # the covers reach the teacher's program, the train step and the held-out span KL
     config.cross_tokenizer.boundaries = "corrected"
+    if objective == "reverse_kl":  # and the chain split's first characters (test_the_chain_split_...)
+      config.objective.marginal_span = "chain"
   train(config, str(tmp_path))
   with open(tmp_path / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
@@ -392,6 +428,8 @@ def test_a_teacher_of_another_tokenizer_trains_the_student(tiny_pair, number_tea
   assert np.isfinite(evals[-1]["eval/span_reverse_kl_per_response"])  # per-token means move with answer length
   assert any(r["cross_tokenizer/boundaries_corrected"] > 0 for r in steps) == corrected
   assert bool(traced) == (corrected and objective == "reverse_kl")
+  chain = corrected and objective == "reverse_kl"
+  assert all(np.isfinite(r.get("opd/rest_advantage", np.nan)) == chain for r in steps)
 
 
 def test_a_served_teacher_of_another_tokenizer_scores_as_in_process(tiny_pair, number_teacher, tmp_path):
@@ -450,4 +488,7 @@ def test_cross_tokenizer_config_mistakes(tiny_pair, number_teacher, override, me
 def test_different_tokenizers_without_the_flag_name_it(tiny_pair, number_teacher):
   with pytest.raises(InputError, match="cross_tokenizer.enabled=True"):
     RunSpec.from_config(_config(tiny_pair, number_teacher, **{"cross_tokenizer.enabled": False}))
+  with pytest.raises(InputError, match="marginal_span='chain' splits a cross-tokenizer span"):
+    RunSpec.from_config(_config(tiny_pair, number_teacher, **{
+        "cross_tokenizer.enabled": False, "objective.name": "reverse_kl", "objective.marginal_span": "chain"}))
   assert os.path.isdir(number_teacher)

@@ -32,6 +32,15 @@ tokens a_t. Log-probs and logits are float32.
                  tokenizer (opd_jax.crosstok): at each span start, KL between both next-token distributions
                  marginalized onto the next character (opd_jax.objectives.marginal); a span's later tokens, which
                  no teacher position predicts, take the span form's policy gradient (reverse_kl_pg's).
+                 marginal_span="first" (that). The next-character marginals compare only first characters: a
+                 span-start token's probability relative to the others with its first character ("chat" against
+                 "c'était") gets no gradient from them. marginal_span="chain": the span's reverse KL by the chain
+                 rule, KL(first character) + E[KL(rest of the span | first character)]: the marginal divergence
+                 at its start, plus a policy gradient on every token of the span with the advantage of the rest,
+                 (log pi_T(span) - log q_T(c)) - (log pi_S(span) - log q_S(c)), c the sampled first character.
+                 Each token differentiates its whole log pi_theta(a_t): the rest's expected KL also depends on
+                 which first character is drawn. In expectation over the student's samples this is the gradient
+                 of the span's exact reverse KL (a test checks it against the token-level exact one).
   forward_kl     exact KL(pi_T || pi_theta).
   jsd            generalized JSD of GKD (`generalized_jsd`), beta interpolating forward (0) and reverse (1) KL.
   grpo           the RL baseline under identical rollouts (no teacher in the loss): each prompt is sampled
@@ -77,6 +86,7 @@ IMPORTANCE = ("none", "tis", "mis", "seq_tis", "geo_tis", "geo_reject")
 SEQUENCE_IMPORTANCE = ("seq_tis", "geo_tis", "geo_reject")
 WEIGHTED_OBJECTIVES = ("reverse_kl_pg", "grpo")  # the sampled-token objectives that take importance weights
 STUDENT_LOGP = ("learner", "sampler")
+MARGINAL_SPAN = ("first", "chain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +102,7 @@ class ObjectiveConfig:
   top_k: int = 16  # *_topk support size
   temperature: float = 1.0  # divides student and teacher logits in the full-vocabulary objectives
   group_size: int = 8  # grpo: responses sampled per prompt
+  marginal_span: str = "first"  # reverse_kl across tokenizers: first | chain (module docstring)
 
   def __post_init__(self):
     if self.name not in OBJECTIVES:
@@ -112,6 +123,11 @@ class ObjectiveConfig:
       raise InputError(f"objective.min_ess={self.min_ess} guards importance weights, but objective {self.name!r} "
                        f"with importance={self.importance!r} has none; set an importance kind on reverse_kl_pg / "
                        "grpo, or min_ess=0")
+    if self.marginal_span not in MARGINAL_SPAN:
+      raise InputError(f"objective.marginal_span must be one of {MARGINAL_SPAN}, got {self.marginal_span!r}")
+    if self.marginal_span == "chain" and self.name != "reverse_kl":
+      raise InputError(f"objective.marginal_span='chain' splits a span's reverse KL at its first character; it "
+                       f"needs objective.name='reverse_kl', got {self.name!r} (or set marginal_span='first')")
     if self.is_cap <= 1 or not 0 <= self.beta <= 1 or self.top_k < 1 or self.temperature <= 0:
       raise InputError(f"objective: need is_cap > 1, 0 <= beta <= 1, top_k >= 1, temperature > 0; got "
                        f"{self.is_cap}, {self.beta}, {self.top_k}, {self.temperature}")
@@ -272,6 +288,9 @@ class LossInputs:
   span_BxR: jax.Array | None = None
   # corrected boundaries (opd_jax.crosstok.cover): the student's cover corrections of its span totals, no gradient
   span_correction_BxR: jax.Array | None = None
+  # marginal_span="chain": log q_S(c) and log q_T(c) of each token's first character c, no gradient
+  first_logq_BxR: jax.Array | None = None
+  teacher_first_logq_BxR: jax.Array | None = None
 
 
 def _weights(x: LossInputs, c: ObjectiveConfig) -> jax.Array:
@@ -322,9 +341,27 @@ def _vocabulary(x: LossInputs, c: ObjectiveConfig):
   # gradient, so no sampled token goes without a signal. Spans of one token: the divergence alone.
   starts_BxR = span_starts(x.span_BxR)
   student_span_BxR = span_total(x.learner_logp_BxR * x.mask_BxR, x.span_BxR, x.span_BxR)
+  if c.marginal_span == "chain":
+    return _chain(x, starts_BxR, student_span_BxR)
   advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_span_BxR)
   inside_BxR = -advantage_BxR * x.learner_logp_BxR
   return jnp.where(starts_BxR > 0, x.divergence_BxR, inside_BxR), {"span_start_share": starts_BxR}
+
+
+def _chain(x: LossInputs, starts_BxR, student_span_BxR):
+  """marginal_span="chain" (module docstring): the start's divergence plus the rest's policy gradient."""
+  if x.first_logq_BxR is None or x.teacher_first_logq_BxR is None:
+    raise InputError("objective.marginal_span='chain' needs the first characters' log q (LossInputs.first_logq_BxR "
+                     "and teacher_first_logq_BxR), which the cross-tokenizer train step computes")
+  if x.span_correction_BxR is not None:  # character-level span log-probs at corrected boundaries
+    student_span_BxR = student_span_BxR + x.span_correction_BxR
+  first_s_BxR, first_t_BxR = x.first_logq_BxR * starts_BxR, x.teacher_first_logq_BxR * starts_BxR
+  # the first character's log-ratio, read at the span's start, spread to every token of its span
+  first_ratio_BxR = span_total((first_t_BxR - first_s_BxR) * x.mask_BxR, x.span_BxR, x.span_BxR)
+  rest_advantage_BxR = jax.lax.stop_gradient(x.teacher_logp_BxR - student_span_BxR - first_ratio_BxR)
+  rest_BxR = -rest_advantage_BxR * x.learner_logp_BxR
+  return jnp.where(starts_BxR > 0, x.divergence_BxR, 0.0) + rest_BxR, {
+      "span_start_share": starts_BxR, "rest_advantage": rest_advantage_BxR}
 
 
 _EXACT_BETA = {"reverse_kl": 1.0, "forward_kl": 0.0, "jsd": None}

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 NO_EVENT, ENDS_HERE = -1, -2  # opd_jax.crosstok.projection's event tables (a token in no event; a text ending here)
 
 
-def divergence_marginalized(student_logits_BxRxVs, teacher_logits_BxRxVt, events, temperature: float,
-                            after_prefix_BxR=None, corrected=None) -> jax.Array:
-  """KL(q_S || q_T) per position, [B, R]: both distributions (at `temperature`) marginalized onto common events
-  by `events` = (student token -> event [Vs], teacher token -> event [Vt], number of events E[, teacher token ->
+def marginals(student_logits_BxRxVs, teacher_logits_BxRxVt, events, temperature: float, after_prefix_BxR=None,
+              corrected=None) -> tuple[jax.Array, jax.Array]:
+  """(q_S, q_T), [B, R, E] each: both distributions (at `temperature`) marginalized onto common events by
+  `events` = (student token -> event [Vs], teacher token -> event [Vt], number of events E[, teacher token ->
   event after the response prefix [Vt] or None[, corrected boundaries' tables (below)]]), -1 for a
   token in none, each side renormalized over its tokens in some event (opd_jax.crosstok.projection). Where
   after_prefix_BxR > 0 the teacher's side uses the fourth table (its token there merged the response prefix).
@@ -40,8 +40,30 @@ def divergence_marginalized(student_logits_BxRxVs, teacher_logits_BxRxVt, events
     offsets_LxVs, offsets_LxVt, rank_Vt = events[4]
     q_s = character_level(q_s, student_prev / temperature, cover_BxRx6[..., :3], rank_Vs, offsets_LxVs)
     q_t = character_level(q_t, teacher_prev / temperature, cover_BxRx6[..., 3:], rank_Vt, offsets_LxVt)
-  log_ratio = jnp.log(jnp.maximum(q_s, 1e-30)) - jnp.log(jnp.maximum(q_t, 1e-30))
-  return jnp.sum(jnp.where(q_s > 0, q_s * log_ratio, 0.0), axis=-1)
+  return q_s, q_t
+
+
+def marginal_kl(q_s_BxRxE, q_t_BxRxE) -> jax.Array:
+  """KL(q_S || q_T) per position, [B, R]."""
+  log_ratio = jnp.log(jnp.maximum(q_s_BxRxE, 1e-30)) - jnp.log(jnp.maximum(q_t_BxRxE, 1e-30))
+  return jnp.sum(jnp.where(q_s_BxRxE > 0, q_s_BxRxE * log_ratio, 0.0), axis=-1)
+
+
+def divergence_marginalized(student_logits_BxRxVs, teacher_logits_BxRxVt, events, temperature: float,
+                            after_prefix_BxR=None, corrected=None) -> jax.Array:
+  """KL(q_S || q_T) per position, [B, R], of `marginals` (same arguments)."""
+  return marginal_kl(*marginals(student_logits_BxRxVs, teacher_logits_BxRxVt, events, temperature,
+                                after_prefix_BxR, corrected))
+
+
+def first_character_logq(q_s_BxRxE, q_t_BxRxE, student_events_Vs, tokens_BxR) -> tuple[jax.Array, jax.Array]:
+  """(log q_S(c), log q_T(c)), [B, R] each: both sides' log-probability of the sampled student token's event c
+  (its first character, or the end); 0 and 0 where the token is in no event (a partial UTF-8 byte).
+  objective.marginal_span="chain" scores the rest of a span given its first character with them."""
+  event_BxR = student_events_Vs[tokens_BxR]
+  pick = lambda q: jnp.take_along_axis(q, jnp.maximum(event_BxR, 0)[..., None], axis=-1)[..., 0]
+  log_of = lambda q: jnp.where(event_BxR >= 0, jnp.log(jnp.maximum(pick(q), 1e-30)), 0.0)
+  return log_of(q_s_BxRxE), log_of(q_t_BxRxE)
 
 
 def character_level(q_BxRxE, prev_logits_BxRxV, cover_BxRx3, rank_V, offsets_LxV) -> jax.Array:

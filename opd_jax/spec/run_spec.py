@@ -91,6 +91,10 @@ class RunSpec:
       _check_cross(cross, objective, teachers, train, pair, teacher, data.max_prompt_tokens, rollout.max_new_tokens,
                    check_files=models is None)
       vocab = PairVocab(student.vocab_size, teacher.vocab_size, student.vocab_size, None, False, cross_tokenizer=True)
+    elif objective.marginal_span != "first":
+      raise InputError(f"objective.marginal_span={objective.marginal_span!r} splits a cross-tokenizer span at its "
+                       "first character; with one tokenizer reverse_kl is already exact: remove it, or set "
+                       "cross_tokenizer.enabled=True for a teacher of another tokenizer")
     elif models is None:
       vocab = check_pair(pair.teacher, pair.student, teacher, student, tokenizer_dir=pair.tokenizer or None)
     else:

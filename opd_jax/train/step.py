@@ -39,7 +39,7 @@ from opd_jax.objectives.logprobs import response_hidden
 from opd_jax.objectives.losses import (LossInputs, ObjectiveConfig, compute_loss, divergence_exact,
                                        divergence_topk, divergence_uld, effective_sample_size,
                                        group_advantages, masked_mean)
-from opd_jax.objectives.marginal import divergence_marginalized
+from opd_jax.objectives.marginal import first_character_logq, marginal_kl, marginals
 from opd_jax.objectives.spans import cover_delta, span_corrections, span_total
 
 
@@ -167,9 +167,14 @@ def _learner_forward(graphdef, objective: ObjectiveConfig, temperature: float, l
       character = None if not corrected else (
           model.logits(x["prev_hidden"]), jax.lax.stop_gradient(teacher.logits(x["teacher_prev_hidden"])),
           x["marginal_cover"], rank_V)
-      out["divergence"] = (divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t) if events is None
-                           else divergence_marginalized(logits_BxCxV, teacher_logits_BxCxV, events, t,
-                                                        x.get("after_prefix"), character))
+      if events is None:
+        out["divergence"] = divergence_exact(logits_BxCxV, teacher_logits_BxCxV, beta, t)
+      else:
+        q_s, q_t = marginals(logits_BxCxV, teacher_logits_BxCxV, events, t, x.get("after_prefix"), character)
+        out["divergence"] = marginal_kl(q_s, q_t)
+        if objective.marginal_span == "chain":  # the sampled token's first character, for the rest of its span
+          first = first_character_logq(jax.lax.stop_gradient(q_s), q_t, events[0], x["tokens"])
+          out["first_logq"], out["teacher_first_logq"] = first
     if objective.name == "uld":
       out["divergence"] = divergence_uld(logits_BxCxV, x["teacher_top_logp"], t)
     elif objective.needs_teacher_topk:
@@ -244,7 +249,8 @@ def _gradients(forward, objective: ObjectiveConfig, params, batch: RolloutBatch,
                                         micro.span_BxR)
       per_token["span_correction"] = correction_BxR
     inputs = LossInputs(learner_logp_BxR, micro.sampler_logp_BxR, micro.teacher_logp_BxR, micro.mask_BxR,
-                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR, correction_BxR)
+                        per_token.pop("divergence", None), micro_advantage_B, micro.span_BxR, correction_BxR,
+                        per_token.pop("first_logq", None), per_token.pop("teacher_first_logq", None))
     loss, aux = compute_loss(inputs, objective, token_count)
     per_token["learner_logp"] = learner_logp_BxR
     return loss, (aux, jax.lax.stop_gradient(per_token))
