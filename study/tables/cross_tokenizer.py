@@ -1,6 +1,7 @@
 """Tables of the cross-tokenizer comparison (configs/sweeps/cross_tokenizer.py on pairx): each objective's final
 held-out accuracy and span KL per seed, and their seed means with 95% t-intervals (t with n - 1 degrees of
-freedom, valid at two or three seeds; a min-max of three seeds would not be a 95% interval)."""
+freedom, valid at two or three seeds; a min-max of three seeds would not be a 95% interval). And the real
+cross-family pair's runs of the marginal form (configs/gemma3_to_smollm2.py, results/gemma3/*/metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,35 @@ def comparison_table(rows: list[dict]) -> str:
                    "student tokens per span (run mean)"], body)
 
 
+GEMMA_TITLE = "cross-family pair: the marginal form at corrected boundaries (Gemma 3 -> SmolLM2, seed 0)"
+# results/gemma3/<run>/metrics.jsonl, in the table's words
+GEMMA_RUNS = {"corrected_marginal_run_seed0": 'first-character marginals only (`marginal_span="first"`)',
+              "chain_run_seed0": 'the chain split (`marginal_span="chain"`, the pair\'s default)'}
+
+
+def gemma_table(runs: dict[str, list[dict]]) -> str:
+  """Per run: held-out span KL per scored token and accuracy at the first and last evaluation, greedy answer length
+  at the last, and training plus evaluation seconds (time/train_s and every eval/seconds; not start-up)."""
+  body = []
+  for name, rows in runs.items():
+    evals = [r for r in rows if "eval/accuracy" in r]
+    first, last = evals[0], evals[-1]
+    minutes = (last["time/train_s"] + sum(r["eval/seconds"] for r in evals)) / 60
+    body.append([GEMMA_RUNS[name], f"{first['eval/span_reverse_kl']:.2f} -> {last['eval/span_reverse_kl']:.2f}",
+                 f"{first['eval/accuracy']:.2f} -> {last['eval/accuracy']:.2f}", f"{last['eval/response_tokens']:.1f}",
+                 f"{last['step']}", f"{minutes:.0f}"])
+  return md_table(["run (`reverse_kl`, corrected boundaries)", "held-out span KL per scored token, first -> last",
+                   "held-out accuracy", "greedy tokens, last", "steps", "minutes (train + eval)"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
+  out = {}
   files = sorted(glob.glob(os.path.join(results_dir, "cross_tokenizer", "xtok_seed*.jsonl")))
-  if not files:
-    return {}
-  SOURCES[TITLE] = "results/cross_tokenizer/xtok_seed*.jsonl"
-  return {TITLE: comparison_table([r for f in files for r in read_jsonl(f, "cross-tokenizer sweep file")])}
+  if files:
+    SOURCES[TITLE] = "results/cross_tokenizer/xtok_seed*.jsonl"
+    out[TITLE] = comparison_table([r for f in files for r in read_jsonl(f, "cross-tokenizer sweep file")])
+  runs = {name: os.path.join(results_dir, "gemma3", name, "metrics.jsonl") for name in GEMMA_RUNS}
+  if all(os.path.exists(path) for path in runs.values()):
+    SOURCES[GEMMA_TITLE] = "results/gemma3/{" + ",".join(GEMMA_RUNS) + "}/metrics.jsonl"
+    out[GEMMA_TITLE] = gemma_table({name: read_jsonl(path, "metrics file") for name, path in runs.items()})
+  return out
