@@ -1,0 +1,85 @@
+"""How probable the cross-family teacher finds the student's final answers, against its own:
+
+  python -m study.teacher_answer_probe --samples=results/gemma3/chain_run_seed0/samples.jsonl \
+      --out=results/gemma3/chain_run_seed0/teacher_answers.json
+
+For each held-out word of the run's last evaluation, the teacher of configs/gemma3_to_smollm2.py (Gemma 3 270M,
+prepared) scores four answers in its own two-shot format, each as the config's scoring reads it (the response
+prefix " ", the answer, the teacher's end "\\n\\n"): its own greedy answer (results/gemma3/probe.json), the
+student's greedy answer at the last step, the English word itself and "chien" (the first answer of the teacher's
+two-shot examples). Log-probabilities are teacher-forced sums over the answer's tokens and the end. Exit code 2
+on bad input.
+"""
+
+import json
+import os
+
+from absl import flags
+
+from launch import _cli
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SAMPLES = flags.DEFINE_string("samples", None, "A Gemma-pair run's samples.jsonl (its last step is read).")
+_PROBE = flags.DEFINE_string("probe", os.path.join(_REPO, "results", "gemma3", "probe.json"),
+                             "study.cross_family_probe's file: the teacher's own greedy answers.")
+_TEACHER = flags.DEFINE_string("teacher", None, "The prepared teacher (default: the config's).")
+_OUT = flags.DEFINE_string("out", None, "JSON file for every answer's log-probability and the summary.")
+
+
+def _logp(model, tokenizer, prompt: str, answers: list[str]) -> list[float]:
+  """Teacher-forced log P(" " + answer + "\\n\\n" | prompt) for each answer, one padded batch."""
+  import jax
+  import numpy as np
+  context = tokenizer.encode(prompt, add_special_tokens=True)
+  rows = [tokenizer.encode(prompt + " " + a + "\n\n", add_special_tokens=True) for a in answers]
+  if any(r[:len(context)] != context for r in rows):
+    raise ValueError(f"an answer merged with the prompt's last token: {prompt[-20:]!r}")
+  width = max(map(len, rows))
+  tokens = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)] = r
+  logp = np.asarray(jax.nn.log_softmax(model(jax.numpy.asarray(tokens)).astype("float32"), axis=-1))
+  return [float(sum(logp[i, t - 1, r[t]] for t in range(len(context), len(r)))) for i, r in enumerate(rows)]
+
+
+def run():
+  import re
+  import statistics
+  from configs.gemma3_to_smollm2 import TEACHER_FORMAT, get_config
+  from opd_jax.errors import InputError
+  from opd_jax.experiments.files import read_jsonl
+  from opd_jax.files import write_json
+  from opd_jax.models import load_pretrained, load_tokenizer
+  teacher = _TEACHER.value or get_config().teacher
+  if not os.path.isdir(str(teacher)):
+    raise InputError(f"{teacher} is not a prepared model; run the pair's config once, or launch/prepare_model.py")
+  rows = read_jsonl(_SAMPLES.value, "samples file")
+  last = max(r["step"] for r in rows)
+  with open(_PROBE.value) as f:
+    greedy = {a["prompt"]: a["response"] for a in json.load(f)["results"]["gemma3-270m (base, few-shot)"]["french"]
+              ["answers"]}
+  model, tokenizer = load_pretrained(str(teacher)), load_tokenizer(str(teacher))
+  words = []
+  for r in (r for r in rows if r["step"] == last):
+    english = re.search(r"French word for (.+)\?", r["prompt"]).group(1)
+    answers = {"teacher": greedy[r["prompt"]], "student": r["response"].strip().split("\n")[0].strip(),
+               "english": english, "chien": "chien"}
+    logp = _logp(model, tokenizer, TEACHER_FORMAT.format(prompt=r["prompt"]), list(answers.values()))
+    words.append({"prompt": r["prompt"], "answers": answers, "logp": dict(zip(answers, logp))})
+  median = {k: statistics.median(w["logp"][k] for w in words) for k in ("teacher", "student", "english", "chien")}
+  summary = {"step": last, "words": len(words), "median_logp": median,
+             "student_at_least_teacher": sum(w["logp"]["student"] >= w["logp"]["teacher"] - 1e-6 for w in words),
+             "english_above_teacher": sum(w["logp"]["english"] > w["logp"]["teacher"] for w in words)}
+  print(json.dumps(summary, indent=1))
+  if _OUT.value:
+    write_json(_OUT.value, {"summary": summary, "words": words})
+
+
+def main(argv):
+  del argv
+  _cli.quiet_logs()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  _cli.run(main, required=("samples",))
