@@ -43,10 +43,12 @@ def _logp(model, context: list[int], continuations: list[list[int]]) -> list[flo
 
 def _teacher_logp(model, tokenizer, prompt: str, answers: list[str]) -> list[float]:
   """log P(" " + answer + "\n\n" | prompt) in the teacher's format (its tokens after the prompt's)."""
+  from opd_jax.errors import InputError
   context = tokenizer.encode(prompt, add_special_tokens=True)
   rows = [tokenizer.encode(prompt + " " + a + "\n\n", add_special_tokens=True) for a in answers]
   if any(r[:len(context)] != context for r in rows):
-    raise ValueError(f"an answer merged with the prompt's last token: {prompt[-20:]!r}")
+    raise InputError(f"an answer merged with the teacher prompt's last token ({prompt[-20:]!r}); the probe reads the "
+                     "prompt's tokens as context, so that format cannot be scored here")
   return _logp(model, context, [r[len(context):] for r in rows])
 
 
@@ -81,7 +83,11 @@ def run():
   model, tokenizer = load_pretrained(str(teacher)), load_tokenizer(str(teacher))
   words = []
   for r in (r for r in rows if r["step"] == last):
-    english = re.search(r"French word for (.+)\?", r["prompt"]).group(1)
+    asked = re.search(r"French word for (.+)\?", r["prompt"])
+    if asked is None or r["prompt"] not in greedy:
+      raise InputError(f"{_SAMPLES.value}: prompt {r['prompt'][:60]!r} is not one of the held-out French words "
+                       f"{_PROBE.value} answers; pass the samples.jsonl of a configs/gemma3_to_smollm2.py run")
+    english = asked.group(1)
     answers = {"teacher": greedy[r["prompt"]], "student": r["response"].strip().split("\n")[0].strip(),
                "english": english, "chien": "chien"}
     logp = _teacher_logp(model, tokenizer, TEACHER_FORMAT.format(prompt=r["prompt"]), list(answers.values()))

@@ -32,7 +32,7 @@ tokens a_t. Log-probs and logits are float32.
                  tokenizer (opd_jax.crosstok): at each span start, KL between both next-token distributions
                  marginalized onto the next character (opd_jax.objectives.marginal); a span's later tokens, which
                  no teacher position predicts, take the span form's policy gradient (reverse_kl_pg's).
-                 marginal_span="first" (that). The next-character marginals compare only first characters: a
+                 That is marginal_span="first". The next-character marginals compare only first characters: a
                  span-start token's probability relative to the others with its first character ("chat" against
                  "c'était") gets no gradient from them. marginal_span="chain": the span's reverse KL by the chain
                  rule, KL(first character) + E[KL(rest of the span | first character)]: the marginal divergence
