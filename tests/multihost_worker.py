@@ -9,7 +9,9 @@ import os
 import sys
 
 teacher, student, workdir, devices = sys.argv[1:5]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # replaces the parent's flags
+# Replaces the parent's flags: its compiler flags (tests/conftest.py), this process's own device count.
+os.environ["XLA_FLAGS"] = (os.environ.get("OPD_JAX_TEST_XLA_FLAGS", "") +
+                           f" --xla_force_host_platform_device_count={devices}").strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 from configs import common  # noqa: E402

@@ -10,7 +10,7 @@ from opd_jax.serving import processes
 from opd_jax.serving.processes import stop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}  # as conftest.py
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ["OPD_JAX_TEST_XLA_FLAGS"]}  # as conftest.py
 
 
 def start(args: list[str], env: dict | None = None):

@@ -227,14 +227,18 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   """launch/bench/engine.py at toy size: both engines draw the same tokens (per-request keys), so they count the
   same useful tokens; the paged engine steps only live rows; capacity rows grow as the KV dtype shrinks."""
   import json
+  import os
   import subprocess
   import sys
   out = tmp_path / "bench" / "engine.json"
   out.parent.mkdir()
+  # One device, as a user runs it; pages of 32 tokens (two prefill shapes, not four) and two KV dtypes: the
+  # programs it compiles are most of its time (68 -> 37 s here).
+  env = {**os.environ, "XLA_FLAGS": os.environ["OPD_JAX_TEST_XLA_FLAGS"]}
   subprocess.run([sys.executable, "launch/bench/engine.py", "--checkpoint=opd_jax/assets/pair1/student",
                   "--requests=8", "--rows=4", "--new_tokens=16", "--repeats=1", "--kv_budget_mib=0.04",
-                  "--capacity_requests=24", "--kv_dtypes=bf16,fp8_e4m3_bf16scale,int4",
-                  f"--out={out}"], check=True, capture_output=True, text=True)
+                  "--capacity_requests=24", "--kv_dtypes=bf16,int4", "--page_size=32", f"--out={out}"],
+                 check=True, capture_output=True, text=True, env=env)
   result = json.loads(out.read_text())
   for workload in ("equal", "longtail"):
     row = result[workload]
@@ -244,10 +248,9 @@ def test_engine_benchmark_runs_both_engines_on_the_same_requests(tmp_path):
   assert same_memory["same_tokens"] == 1.0 and same_memory["rows"] == 8
   from launch.bench._inputs import chat_prompts
   longest = max(map(len, chat_prompts("opd_jax/assets/pair1/student", 8)))
-  assert same_memory["pool_pages"] == 1 + 4 * (longest + 16) // 16
+  assert same_memory["pool_pages"] == 1 + 4 * (longest + 16) // 32
   capacity = {r["kv_dtype"]: r for r in result["capacity"]}
-  static_rows = [capacity[kv]["static_rows"] for kv in ("bf16", "fp8_e4m3_bf16scale", "int4")]
-  assert static_rows == sorted(set(static_rows))  # more rows as the KV dtype shrinks
+  assert capacity["bf16"]["static_rows"] < capacity["int4"]["static_rows"]  # more rows as the KV dtype shrinks
   for r in capacity.values():  # full while requests wait: the mean live rows lie between 1 and the peak
     assert r["requests"] == 24  # the 8 long-tail prompts, cycled
     assert r["saturated_rounds"] > 0 and 1 <= r["paged_mean_rows"] <= r["paged_peak_rows"]

@@ -41,7 +41,7 @@ def run(tiny_pair, tmp_path_factory):
 
 
 def _export_script(*args):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ["OPD_JAX_TEST_XLA_FLAGS"]}
   return subprocess.run([sys.executable, "launch/export.py", *args], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=300)
 

@@ -102,7 +102,7 @@ def test_real_model_config_runs_end_to_end_on_a_tiny_gguf(tmp_path):
              "--config.data.max_prompt_tokens=48",
              "--config.rollout.max_new_tokens=8", "--config.train.progress_bar=False"]
   # The evaluation-only rerun compiles what the first run did: one compilation cache for the two.
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0",  # as conftest.py
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ["OPD_JAX_TEST_XLA_FLAGS"],  # as conftest.py
          "OPD_JAX_COMPILATION_CACHE": str(tmp_path / "xla")}
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -142,7 +142,7 @@ def test_cross_family_config_runs_end_to_end_on_tiny_ggufs(tmp_path):
              "--config.cross_tokenizer.teacher_end=<eos>",  # the tiny vocabulary has no "\n\n" token
              "--config.cross_tokenizer.max_teacher_prompt_tokens=180",  # its few merges: about a token a character
              "--config.cross_tokenizer.max_teacher_response_tokens=48", "--config.train.progress_bar=False"]
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ["OPD_JAX_TEST_XLA_FLAGS"]}
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert sorted(os.listdir(models)) == ["gemma3-270m", "smollm2-135m-instruct"]

@@ -105,7 +105,8 @@ def _rows(workdir):
 
 @pytest.mark.slow  # a long end-to-end run: CI's full suite, not the fast tier
 def test_a_routed_run_logs_per_teacher_metrics_and_two_copies_of_one_teacher_train_as_that_teacher(tmp_path):
-  """Routing between two copies of pair1's teacher logs what the one-teacher run logs (same objective), to 1e-5,
+  """Routing between two copies of pair1's teacher logs what the one-teacher run logs (same objective), to 1e-5
+  (relative above 1: two programs that sum in different orders, e.g. grad_norm 13.385161 vs 13.385220 at step 4),
   plus per-teacher tokens (adding up to the batch's), KL estimates and each held-out prompt's KL to its own
   teacher, which average to the run's. (Two different teachers: the scoring test above.)"""
   short = {"train.steps": 4, "train.eval_every": 4, "train.checkpoint_every": 4, "train.log_every": 1}
@@ -118,7 +119,7 @@ def test_a_routed_run_logs_per_teacher_metrics_and_two_copies_of_one_teacher_tra
   for want, got in zip(one, copies):
     for key, value in want.items():
       if not key.startswith(("time/", "perf/", "eval/seconds")):
-        assert got[key] == pytest.approx(value, abs=1e-5), (want["step"], key)
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-5), (want["step"], key)
         compared += 1
   assert compared > 50
   for r in (r for r in copies if "loss" in r):
