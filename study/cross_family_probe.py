@@ -11,7 +11,6 @@ run through opd_jax's own sampler (Gemma's sliding-window layers included). Exit
 """
 
 import os
-import time
 
 from absl import flags
 
@@ -31,42 +30,6 @@ FEW_SHOT = ("Q: What is the capital of France?\nA: Paris\n\nQ: What is the capit
 FEW_SHOT_ADD = "Q: What is 21 + 34?\nA: 55\n\nQ: What is 48 + 17?\nA: 65\n\nQ: {prompt}\nA:"
 FEW_SHOT_FRENCH = ("Q: What is the French word for dog?\nA: chien\n\nQ: What is the French word for house?\nA: maison"
                    "\n\nQ: {prompt}\nA:")
-def _plain(text: str) -> str:
-  """Lower case without accents (œ as oe), for grading translations."""
-  import unicodedata
-  text = text.lower().replace("œ", "oe")
-  return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
-
-
-def _answers(path: str, prompts: list[str], chat: bool, template: str, new_tokens: int) -> tuple[list[str], float]:
-  import jax
-  import numpy as np
-  from flax import nnx
-  from opd_jax.data.batching import decode_responses
-  from opd_jax.models import load_pretrained, load_tokenizer
-  from opd_jax.rollout.sampler import Sampler, SamplingConfig, left_pad
-  model, tokenizer = load_pretrained(path), load_tokenizer(path)
-  graphdef, state = nnx.split(model)
-  eos = tuple(model.config.eos_token_id) or (tokenizer.eos_token_id,)
-  if chat:
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
-           for p in prompts]
-    ids = [list(x["input_ids"] if hasattr(x, "keys") else x) for x in ids]
-  else:  # the few-shot answer ends at the line break
-    ids = [tokenizer.encode(template.format(prompt=p), add_special_tokens=True) for p in prompts]
-    eos = eos + tuple(i for text in ("\n", "\n\n") for i in tokenizer.encode(text, add_special_tokens=False)[-1:])
-  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-  sampler = Sampler(graphdef, SamplingConfig(max_new_tokens=new_tokens, temperature=0.0, eos_ids=eos, pad_id=pad))
-  texts, start = [], time.time()
-  for i in range(0, len(ids), 32):
-    prompt, valid = left_pad(ids[i:i + 32], pad)
-    out = sampler(state, prompt, valid, jax.random.key(0))
-    texts += decode_responses(tokenizer, np.asarray(out.tokens_BxN), np.asarray(out.mask_BxN))
-  if not chat:  # a few-shot answer is its first line (the model may go on with the next question)
-    texts = [t.strip().split("\n")[0] for t in texts]
-  return [t.strip() for t in texts], time.time() - start
-
-
 def run():
   import random
   from opd_jax.data.problems import load_jsonl
@@ -85,10 +48,11 @@ def run():
   templates = {"capitals": FEW_SHOT, "addition": FEW_SHOT_ADD, "french": FEW_SHOT_FRENCH}
   models = {"gemma3-270m (base, few-shot)": (_GEMMA.value, False), "smollm2-135m-instruct (chat)": (_SMOLLM.value, True)}
   report = {"few_shot": templates, "results": {}}
+  from study import greedy_answers
   for name, (path, is_chat) in models.items():
     for task, (prompts, answers) in tasks.items():
-      texts, seconds = _answers(path, prompts, is_chat, templates[task], 32 if is_chat else 12)
-      right = [_plain(a) in _plain(t) for t, a in zip(texts, answers)]
+      texts, seconds = greedy_answers.answers(path, prompts, is_chat, templates[task], 32 if is_chat else 12)
+      right = [greedy_answers.plain(a) in greedy_answers.plain(t) for t, a in zip(texts, answers)]
       report["results"].setdefault(name, {})[task] = {
           "correct": sum(right), "asked": len(right), "seconds": round(seconds, 1),
           "answers": [{"prompt": p, "answer": a, "response": t, "correct": ok}

@@ -246,6 +246,7 @@ CASES = [
     ("cross_family_probe_models", "study/cross_family_probe.py", "--gemma={d}/none", "is not a prepared model"),
     ("teacher_answer_probe_model", "study/teacher_answer_probe.py", "--samples={d}/none.jsonl", "--teacher={d}/none",
      "is not a prepared model"),
+    ("teacher_sft_baseline_model", "study/teacher_sft_baseline.py", "--teacher={d}/none", "is not a prepared model"),
     ("build_french_words_out", "study/build_french_words.py", "--out={d}/garbage.jsonl", "is a file"),
     ("train_real_missing_package", "launch/train.py", "--config=configs/smollm2.py:runlocal", "--workdir={d}/run",
      "--config.prepare.gguf=no-such-package-opd", "--config.prepare.dir={d}/models", "is not installed"),
