@@ -44,13 +44,12 @@ def _grade(prompts, answers, texts) -> dict:
 
 def _fine_tune(student: str, prompts: list[str], answers: list[str], out_dir: str) -> list[float]:
   """The student fine-tuned on (its chat prompt, answer + end of turn), written to out_dir; the loss per step."""
-  import jax
   import numpy as np
   import optax
   from flax import nnx
   from opd_jax.models import load_pretrained, load_tokenizer
   from opd_jax.train.export import export_student
-  from opd_jax.train.sft import sft_loss
+  from opd_jax.train.sft import make_sft_step
   tokenizer, model = load_tokenizer(student), load_pretrained(student)
   graphdef, params = nnx.split(model)
   end = tokenizer.eos_token_id
@@ -71,14 +70,7 @@ def _fine_tune(student: str, prompts: list[str], answers: list[str], out_dir: st
   steps = _STEPS.value
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, _LR.value, 5, steps, _LR.value / 10),
                           weight_decay=0.0)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, *batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
+  opt_state, step = optimizer.init(params), make_sft_step(graphdef, optimizer)
   rng, losses = np.random.default_rng(_SEED.value), []
   for _ in range(steps):
     params, opt_state, loss = step(params, opt_state, batch(rng.choice(len(chat), _BATCH.value, replace=False)))

@@ -42,6 +42,18 @@ def sft_loss(params, graphdef, prompt_BxP, prompt_valid_BxP, response_BxR, mask_
   return -jnp.sum(logp_BxR * mask_BxR) / jnp.maximum(jnp.sum(mask_BxR), 1.0)
 
 
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
+  """The jitted step (params, opt_state, (prompt_BxP, prompt_valid_BxP, response_BxR, mask_BxR)) ->
+  (params, opt_state, mean response-token NLL)."""
+
+  @jax.jit
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, *batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+  return step
+
+
 def train_sft(model, tokenizer, task: ArithmeticTask, sft: SFTConfig,
               log: Callable[[int, float, float], None] | None = None,
               evaluate: Callable[[int, nnx.State], bool] | None = None, eval_every: int = 0) -> int:
@@ -55,13 +67,7 @@ def train_sft(model, tokenizer, task: ArithmeticTask, sft: SFTConfig,
                            total_steps=sft.steps, end_lr_fraction=sft.end_lr_fraction)
   optimizer = make_optimizer(schedule, weight_decay=sft.weight_decay, grad_clip_norm=sft.grad_clip_norm)
   opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(sft_loss)(params, graphdef, *batch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
+  step = make_sft_step(graphdef, optimizer)
   problems = task.problems("train", sft.steps * sft.batch_size, sft.seed)
   t0, losses = time.time(), []
   for i in range(sft.steps):
