@@ -48,7 +48,7 @@ def run():
   templates = {"capitals": FEW_SHOT, "addition": FEW_SHOT_ADD, "french": FEW_SHOT_FRENCH}
   models = {"gemma3-270m (base, few-shot)": (_GEMMA.value, False), "smollm2-135m-instruct (chat)": (_SMOLLM.value, True)}
   report = {"few_shot": templates, "results": {}}
-  from study import greedy_answers
+  from study import _greedy_answers as greedy_answers
   for name, (path, is_chat) in models.items():
     for task, (prompts, answers) in tasks.items():
       texts, seconds = greedy_answers.answers(path, prompts, is_chat, templates[task], 32 if is_chat else 12)

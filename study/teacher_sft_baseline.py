@@ -33,7 +33,7 @@ def _word(prompt: str) -> str:
 def _grade(prompts, answers, texts) -> dict:
   """Held-out accuracy (the answer in the first line, accents and case ignored) and the share that is the English
   word itself."""
-  from study.greedy_answers import plain
+  from study._greedy_answers import plain
   first = [t.strip().split("\n")[0] for t in texts]
   right = [plain(a) in plain(t) for a, t in zip(answers, first)]
   english = [plain(t).strip(" .'\"") == plain(_word(p)) for p, t in zip(prompts, first)]
@@ -84,7 +84,7 @@ def run():
   from configs.gemma3_to_smollm2 import FRENCH, TEACHER_FORMAT, get_config
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
-  from study.greedy_answers import answers, plain
+  from study._greedy_answers import answers, plain
   config = get_config()
   teacher, student = _TEACHER.value or config.teacher, _STUDENT.value or config.student
   for flag, path in (("teacher", teacher), ("student", student)):

@@ -27,7 +27,8 @@ def _xla_accepts(flag: str) -> bool:
   return subprocess.run(probe, env=env, capture_output=True, timeout=300).returncode == 0
 
 
-if "OPD_JAX_TEST_XLA_FLAGS" not in os.environ:  # pytest's own process; its workers inherit what it sets
+# pytest's own process sets them; its xdist workers inherit them (a variable left in a shell is not trusted).
+if "PYTEST_XDIST_WORKER" not in os.environ or "OPD_JAX_TEST_XLA_FLAGS" not in os.environ:
   _flags = os.environ.get("XLA_FLAGS", "")
   if "xla_backend_optimization_level" not in _flags:
     _flags += " --xla_backend_optimization_level=0"
