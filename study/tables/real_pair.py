@@ -3,8 +3,9 @@ files under results/smollm2/ (how each is made is in docs/real_pair.md):
 
   run/seed<S>/metrics.jsonl, samples.jsonl, time.json
                                          the main command's run at seeds 0, 1, 2 (launch/train.py
-                                         --config=configs/smollm2.py --config.seed=S)
-  run_v2_150_steps/                      the previous main config (150 steps, one seed)
+                                         --config=configs/smollm2.py --config.seed=S; learning rate 2e-4)
+  run_v3_lr1e-4/seed<S>/                 the previous main config (learning rate 1e-4, seeds 0, 1, 2)
+  run_v2_150_steps/                      the one before (150 steps, one seed)
   depth/L<N>.jsonl                       step-0 evaluations of students pruned to N layers (train.steps=0)
   depth/L<N>_prune.json                  the pruning record of that student (prune.json of its directory)
   prune.json                             layer-selection schedules side by side (launch/bench/prune.py)
