@@ -22,6 +22,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "HF checkpoint directory."
 _PROMPT = flags.DEFINE_string("prompt", None, "Prompt text (needs tokenizer files in the checkpoint).")
 _PROMPT_IDS = flags.DEFINE_list("prompt_ids", None, "Prompt token ids, e.g. 1,2,3.")
 _CHAT = flags.DEFINE_bool("chat_template", False, "Wrap --prompt as a user turn with the chat template.")
+_FORMAT = flags.DEFINE_string("prompt_format", "", "Render --prompt in this format instead: 'chat', 'plain' or a "
+                              "template with {prompt} (the run's data.prompt_format).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate at most.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k filter; 0 = off.")
@@ -42,6 +44,7 @@ def sample():
   from flax import nnx
 
   from opd_jax.data import char_tokenizer
+  from opd_jax.data.prompt_format import PromptFormat
   from opd_jax.models import load_pretrained, load_tokenizer
   from opd_jax.models.finite import check_finite
   from opd_jax.models.tokenizer import encode_prompt
@@ -70,7 +73,9 @@ def sample():
   else:
     if char_tokenizer.is_char_tokenizer(tokenizer):
       char_tokenizer.check_text(_PROMPT.value, "--prompt")
-    ids = encode_prompt(tokenizer, _PROMPT.value, _CHAT.value)
+    if _FORMAT.value:
+      PromptFormat(_FORMAT.value, tokenizer, "--prompt_format")  # names this flag if it does not render
+    ids = encode_prompt(tokenizer, _PROMPT.value, _CHAT.value, _FORMAT.value)
   limit = model.config.max_position_embeddings
   if len(ids) + _MAX_NEW.value > limit:
     raise InputError(f"prompt ({len(ids)} tokens) + --max_new_tokens={_MAX_NEW.value} exceeds the model's "

@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import common
 from opd_jax.crosstok.align import UNSCORED, align, token_ends
-from opd_jax.crosstok.formats import TeacherFormat
+from opd_jax.data.prompt_format import PromptFormat
 from opd_jax.crosstok.projection import character_events
 from opd_jax.crosstok.scoring import _teacher_inputs, span_score_program
 from opd_jax.crosstok.view import CrossTokenizerView
@@ -173,10 +173,10 @@ def test_truncated_teacher_response_and_formats(tokenizers):
   arrays, stats = _row(view, "12+345")
   assert stats["spans_truncated"] == 2 and arrays["student_span_BxR"][0, :4].tolist() == [0, 0, 1, UNSCORED]
   number = tokenizers["number"]
-  assert TeacherFormat("Q: {prompt}\nA:", number).text("1+2=") == "Q: 1+2=\nA:"
+  assert PromptFormat("Q: {prompt}\nA:", number).text("1+2=") == "Q: 1+2=\nA:"
   for bad, fragment in (("Q: {question}", "does not render"), ("Q:", "neither"), ("chat", "no chat template")):
     with pytest.raises(InputError, match=fragment):
-      TeacherFormat(bad, number)
+      PromptFormat(bad, number)
   with pytest.raises(InputError, match="not one"):
     _view(tokenizers["char"], number, teacher_end="12+")
   with pytest.raises(InputError, match="max_teacher_prompt_tokens"):

@@ -217,3 +217,17 @@ def test_token_texts_decode_each_token_once_per_tokenizer():
   assert list(texts) == [tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
                          for i in range(len(tokenizer))]
   assert any(len(t) == 2 and t.isdigit() for t in texts)  # pairx's teacher writes two-digit numbers as one token
+
+
+def test_student_prompt_format_is_checked_and_exclusive_with_the_chat_switch():
+  """data.prompt_format (a base student's template): checked when the spec is read; with use_chat_template also set
+  the two say different things, so the spec refuses both."""
+  from opd_jax.errors import InputError
+  from opd_jax.spec.parts import DataSpec
+  assert DataSpec.from_section({"prompt_format": "Q: {prompt}\nA:"}).prompt_format == "Q: {prompt}\nA:"
+  for section, message in (({"prompt_format": "Q: {question}"}, "data.prompt_format='Q: {question}' does not render"),
+                           ({"prompt_format": "Q:"}, "data.prompt_format='Q:' is neither"),
+                           ({"prompt_format": "chat", "use_chat_template": True}, "set one"),
+                           ({"prompt_format": 3}, "data.prompt_format must be a string")):
+    with pytest.raises(InputError, match=message):
+      DataSpec.from_section(section)

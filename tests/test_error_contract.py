@@ -53,6 +53,8 @@ CASES = [
     ("train_malloc_arenas", *TRAIN, "--config.train.malloc_arena_max=-2", "train.malloc_arena_max must be"),
     ("train_mix_spec", *TRAIN, "--config.data.mix=chat", "data.mix: 'chat' is not 'source=weight'"),
     ("train_mix_no_source", *TRAIN, "--config.data.mix=chat=1", "training prompts have no \"source\""),
+    ("train_prompt_format", *TRAIN, "--config.data.prompt_format=Q: {{question}}", "data.prompt_format='Q: {question}'"
+     " does not render"),
     # train.py: files
     ("train_workdir_file", "launch/train.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/file",
      "is a file"),

@@ -94,6 +94,12 @@ def test_gemma3_config_and_tokenizer_match_transformers(imported):
       assert ours.encode(text, add_special_tokens=special) == theirs.encode(text, add_special_tokens=special), text
     assert ours.decode(ours.encode(text, add_special_tokens=False)) == text
   assert ours.encode("the", add_special_tokens=True)[0] == 2  # <bos>
+  # A base student's prompt format (data.prompt_format): the template rendered, with the BOS a base model needs.
+  ids = encode_prompt(ours, "the cap", False, "Q: {prompt}\nA:")
+  assert ids[0] == 2 and ours.decode(ids[1:]) == "Q: the cap\nA:"
+  assert encode_prompt(ours, "the cap", False, "plain") == ours.encode("the cap", add_special_tokens=True)
+  with pytest.raises(InputError, match="data.prompt_format='chat'.*no chat template"):
+    encode_prompt(ours, "the cap", False, "chat")
 
 
 def test_config_files_and_marker(imported):

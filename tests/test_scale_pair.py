@@ -74,6 +74,11 @@ def test_train_config_accepts_the_pair(small_pair):
                               max_prompt_tokens=MAX_PROMPT_TOKENS, seed=0, use_chat_template=True))
   assert batch["prompt_BxP"].shape == (8, MAX_PROMPT_TOKENS)
   assert (batch["prompt_BxP"][:, -1] == tokenizer.convert_tokens_to_ids("\n")).all()  # "assistant\n" ends it
+  problems = load_jsonl(small_pair["train_file"])
+  based = next(PromptPipeline(problems, tokenizer, batch_size=8, max_prompt_tokens=MAX_PROMPT_TOKENS, seed=0,
+                              prompt_format="Q: {prompt}A:"))  # data.prompt_format: a base student's template
+  for row, valid, index in zip(based["prompt_BxP"], based["prompt_valid_BxP"], based["index_B"]):
+    assert tokenizer.decode(row[valid].tolist()) == f"Q: {problems[index].prompt}A:"
 
 
 def test_shaped_pair_takes_depth_width_heads_and_tying_from_the_shape(tmp_path, monkeypatch):

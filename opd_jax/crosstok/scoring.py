@@ -225,7 +225,8 @@ def _covers(cross, student_tokenizer, teacher, eos_ids, student_vocab_size: int,
 
 
 def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids: tuple[int, ...],
-          max_prompt_tokens: int, max_new_tokens: int, use_chat_template: bool, student_graphdef, teacher_graphdef,
+          max_prompt_tokens: int, max_new_tokens: int, use_chat_template: bool, prompt_format: str = "",
+          student_graphdef, teacher_graphdef,
           temperature: float, logits_chunk: int, put_batch, objective: ObjectiveConfig, student_vocab_size: int,
           teacher_vocab_size: int, served=None) -> tuple[CrossTokenizerScorer, SpanKL]:
   """The run's scorer (with the common events the exact vocabulary objectives need, as `.projection`) and
@@ -241,7 +242,8 @@ def build(cross, *, student_tokenizer, teacher_dir: str, problems: list, eos_ids
                             max_prompt=prompt_tokens, max_response=response_tokens,
                             covers=_covers(cross, student_tokenizer, teacher, eos_ids, student_vocab_size,
                                            teacher_vocab_size))
-  view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template))
+  view.register_student_prompts(*encode_prompts(student_tokenizer, problems, max_prompt_tokens, use_chat_template,
+                                                prompt_format=prompt_format))
   scorer = CrossTokenizerScorer(view, teacher_graphdef, temperature, logits_chunk, put_batch, objective, served)
   if objective.needs_teacher_hidden:
     longest = 0 if view.covers is None else max(view.covers[0].longest, view.covers[1].longest)

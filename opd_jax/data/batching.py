@@ -12,11 +12,13 @@ from opd_jax.models.tokenizer import encode_prompt
 
 
 def encode_prompts(tokenizer, problems: list[Problem], max_prompt_tokens: int, use_chat_template: bool = False,
-                   *, on_truncate: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   *, prompt_format: str = "", on_truncate: Callable[[int, int], None] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
   """(prompt_BxP int32, valid_BxP bool), left-padded to max_prompt_tokens.
 
   A prompt longer than max_prompt_tokens keeps its last max_prompt_tokens tokens: the question usually sits
   at the end of a prompt, and a chat-wrapped prompt ends with the assistant header the response follows.
+  prompt_format (data.prompt_format), when given, renders each prompt instead (models.tokenizer.encode_prompt).
   on_truncate(index in problems, full token count) is called for each prompt cut, so callers can count them.
   With the embedded character tokenizer, a prompt with characters outside its vocabulary is an InputError.
   """
@@ -27,7 +29,7 @@ def encode_prompts(tokenizer, problems: list[Problem], max_prompt_tokens: int, u
   for i, problem in enumerate(problems):
     if check:
       check_text(problem.prompt, "prompt")
-    ids = encode_prompt(tokenizer, problem.prompt, use_chat_template)
+    ids = encode_prompt(tokenizer, problem.prompt, use_chat_template, prompt_format)
     if len(ids) > max_prompt_tokens:
       if on_truncate is not None:
         on_truncate(i, len(ids))

@@ -57,7 +57,8 @@ class Calibration:
     task = ArithmeticTask(d.min_terms, d.max_terms, d.min_digits, d.max_digits)
     problems = get_problems(d.source, "heldout", num_prompts, d.seed + 1000 + seed, task, d.train_file,
                             d.heldout_file)
-    prompts, valid = encode_prompts(tokenizer, problems, d.max_prompt_tokens, d.use_chat_template)
+    prompts, valid = encode_prompts(tokenizer, problems, d.max_prompt_tokens, d.use_chat_template,
+                                   prompt_format=d.prompt_format)
     graphdef, params = nnx.split(student)
     teacher_graphdef, teacher_state = nnx.split(teacher)
     eos = tuple(student.config.eos_token_id) or (tokenizer.eos_token_id,)

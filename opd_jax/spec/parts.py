@@ -59,6 +59,7 @@ class DataSpec:
   min_digits: int = 1
   max_digits: int = 2
   use_chat_template: bool = False
+  prompt_format: str = ""  # "" (use_chat_template decides) | "chat" | "plain" | a template (data/prompt_format.py)
   max_prompt_tokens: int = 20
   seed: int = 0
   mix: str = ""
@@ -70,6 +71,15 @@ class DataSpec:
     if not isinstance(spec.mix, str):
       raise InputError(f"data.mix must be a string 'source=weight,...' ('' = no mix), got {spec.mix!r}")
     parse_mix(spec.mix)
+    if not isinstance(spec.prompt_format, str):
+      raise InputError(f"data.prompt_format must be a string ('' = as data.use_chat_template says), got "
+                       f"{spec.prompt_format!r}")
+    if spec.prompt_format:
+      from opd_jax.data.prompt_format import check_format
+      check_format(spec.prompt_format, "data.prompt_format")
+      if spec.use_chat_template:
+        raise InputError(f"data.prompt_format={spec.prompt_format!r} and data.use_chat_template=True both say how "
+                         "the student's prompts look; set one (prompt_format='chat' is the chat template)")
     for field, value in (("data.max_prompt_tokens", spec.max_prompt_tokens), ("data.train_size", spec.train_size)):
       if not _is_int(value) or value < 1:
         raise InputError(f"{field} must be a positive integer, got {value!r}")
@@ -225,7 +235,7 @@ class ServedSpec:
 class CrossTokenizerSpec:
   """A teacher with its own tokenizer and prompt format (config.cross_tokenizer; opd_jax/crosstok)."""
   enabled: bool = False
-  teacher_format: str = "chat"  # "chat" | "plain" | a template with {prompt} (opd_jax/crosstok/formats.py)
+  teacher_format: str = "chat"  # "chat" | "plain" | a template with {prompt} (opd_jax/data/prompt_format.py)
   teacher_end: str = ""  # the teacher token the student's EOS is scored against; "" = its tokenizer's EOS
   teacher_response_prefix: str = ""  # text the teacher reads between its prompt and the student's response
   max_teacher_prompt_tokens: int = 0  # Pt; 0 = 2 x data.max_prompt_tokens
@@ -245,7 +255,7 @@ class CrossTokenizerSpec:
                        "tokenizations mean the same event) or 'corrected' (every shared boundary, with cover "
                        "corrections; the span form)")
     if spec.enabled:
-      from opd_jax.crosstok.formats import check_format
+      from opd_jax.data.prompt_format import check_format
       check_format(spec.teacher_format)
     for field in ("max_teacher_prompt_tokens", "max_teacher_response_tokens"):
       if not _is_int(getattr(spec, field)) or getattr(spec, field) < 0:

@@ -27,7 +27,7 @@ class PromptPipeline:
   """
 
   def __init__(self, problems: list[Problem], tokenizer, *, batch_size: int, max_prompt_tokens: int, seed: int,
-               use_chat_template: bool = False, mix: dict[str, float] | None = None):
+               use_chat_template: bool = False, prompt_format: str = "", mix: dict[str, float] | None = None):
     if not problems:
       raise InputError("the training problem set is empty")
     if is_char_tokenizer(tokenizer):
@@ -39,6 +39,7 @@ class PromptPipeline:
     def encode(index: int):
       cut = []
       tokens, valid = encode_prompts(tokenizer, [problems[index]], max_prompt_tokens, use_chat_template,
+                                     prompt_format=prompt_format,
                                      on_truncate=lambda i, n: cut.append(n))
       return {"prompt_BxP": tokens[0], "prompt_valid_BxP": valid[0], "index_B": np.int64(index),
               "truncated_B": np.bool_(bool(cut))}

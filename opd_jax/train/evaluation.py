@@ -102,7 +102,8 @@ class Responses:
 
 
 def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max_prompt_tokens: int,
-             batch_size: int, key: jax.Array, use_chat_template: bool = False, put: Callable = lambda x: x,
+             batch_size: int, key: jax.Array, use_chat_template: bool = False, prompt_format: str = "",
+             put: Callable = lambda x: x,
              kl_fn=None, teacher_state=None, keep: Responses | None = None, sampler_state=None,
              put_sampler: Callable | None = None, routes=None, teachers_kl=None) -> dict[str, float]:
   """Accuracy (over the problems with an answer), mean response tokens, "at_cap" (the share of responses that
@@ -125,7 +126,8 @@ def evaluate(sampler: Sampler, state, tokenizer, problems: list[Problem], *, max
   for start in range(0, len(problems), batch_size):
     chunk = problems[start:start + batch_size]
     padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
-    host_prompts, host_valid = encode_prompts(tokenizer, padded, max_prompt_tokens, use_chat_template)
+    host_prompts, host_valid = encode_prompts(tokenizer, padded, max_prompt_tokens, use_chat_template,
+                                              prompt_format=prompt_format)
     prompts, valid = put(host_prompts), put(host_valid)
     key, sub = jax.random.split(key)
     weight = np.zeros((batch_size, 1), np.float32)

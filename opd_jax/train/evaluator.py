@@ -24,7 +24,7 @@ class Evaluator:
     built, teacher_state, heldout = run.programs, run.teacher_state, run.heldout
     row, start = {}, time.time()
     common = dict(max_prompt_tokens=d.max_prompt_tokens, batch_size=t.eval_batch_size,
-                  use_chat_template=d.use_chat_template, put=run.put_batch,
+                  use_chat_template=d.use_chat_template, prompt_format=d.prompt_format, put=run.put_batch,
                   key=jax.random.key(run.spec.seed + 7))
     # train.eval_weights='sampler': decode with the rollout engine's weights of this version on its mesh.
     on_sampler = (dict(sampler_state=built.weight_sync(params, step), put_sampler=run.put_sampler_batch)

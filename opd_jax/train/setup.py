@@ -92,7 +92,8 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
                      f"the {len(heldout)} in data.heldout_file={d.heldout_file!r} has one; set it to 0")
   prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size // spec.group_size,
                            max_prompt_tokens=d.max_prompt_tokens, seed=d.seed,
-                           use_chat_template=d.use_chat_template, mix=d.mix_weights)
+                           use_chat_template=d.use_chat_template, prompt_format=d.prompt_format,
+                           mix=d.mix_weights)
 
   o = spec.optimizer
   schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps, total_steps=max(t.steps, 1),
@@ -151,7 +152,8 @@ def _cross_builder(spec: RunSpec, tokenizer, problems: list[Problem], eos_ids: t
     return crosstok.build(
         own, student_tokenizer=tokenizer, teacher_dir=teacher_spec.checkpoint, problems=problems, eos_ids=eos_ids,
         max_prompt_tokens=spec.data.max_prompt_tokens, max_new_tokens=spec.rollout.max_new_tokens,
-        use_chat_template=spec.data.use_chat_template, student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
+        use_chat_template=spec.data.use_chat_template, prompt_format=spec.data.prompt_format,
+        student_graphdef=graphdef, teacher_graphdef=teacher_graphdef,
         temperature=spec.rollout.temperature, logits_chunk=settings.logits_chunk, put_batch=put_batch,
         objective=spec.objective, student_vocab_size=vocab_size,
         teacher_vocab_size=read_hf_config(teacher_spec.checkpoint).vocab_size, served=served)

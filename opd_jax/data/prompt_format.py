@@ -1,7 +1,9 @@
-"""How a teacher of another tokenizer sees a prompt: its own prompt format, rendered by its own tokenizer.
+"""A prompt format: how a model of its own family sees a prompt, rendered by its own tokenizer. Used by a teacher
+of another tokenizer (cross_tokenizer.teacher_format, teachers.<name>.format) and by the student
+(data.prompt_format, e.g. a base model that has no chat format).
 
-  "chat"     the teacher tokenizer's chat template: one user turn holding the prompt, then the assistant's turn
-             opened (add_generation_prompt), as an instruct model expects
+  "chat"     the tokenizer's chat template: one user turn holding the prompt, then the assistant's turn opened
+             (add_generation_prompt), as an instruct model expects
   "plain"    the prompt text as it is
   a template any other string with `{prompt}` in it, e.g. "Q: {prompt}\nA:" for a base model prompted
              few-shot; literal braces are written `{{` and `}}`
@@ -27,18 +29,19 @@ def check_format(spec: str, where: str = "cross_tokenizer.teacher_format") -> No
     raise InputError(f"{where}={spec!r} is neither 'chat', 'plain' nor a template with {{prompt}} in it")
 
 
-class TeacherFormat:
-  """A checked teacher prompt format (module docstring); `ids(prompt)` renders and tokenizes one prompt."""
+class PromptFormat:
+  """A checked prompt format (module docstring); `ids(prompt)` renders and tokenizes one prompt. where: the config
+  field it came from, named in errors."""
 
   def __init__(self, spec: str, tokenizer, where: str = "cross_tokenizer.teacher_format"):
     self.spec, self.tokenizer = spec, tokenizer
     check_format(spec, where)
     if spec == "chat" and not getattr(tokenizer, "chat_template", None):
-      raise InputError(f"{where}='chat', but the teacher's tokenizer has no chat template (a base model); set it "
+      raise InputError(f"{where}='chat', but that model's tokenizer has no chat template (a base model); set it "
                        "to 'plain' or a template such as 'Q: {prompt}\\nA:'")
 
   def text(self, prompt: str) -> str:
-    """The teacher's prompt text (for "chat", as the template renders it)."""
+    """The prompt's text in this format (for "chat", as the template renders it)."""
     if self.spec == "chat":
       return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                 tokenize=False)
