@@ -3,6 +3,10 @@ grading text they are compared in (study/cross_family_probe.py, study/teacher_sf
 
 import time
 
+# Two solved capitals questions, then the question: what a base model needs to answer in one line.
+FEW_SHOT = ("Q: What is the capital of France?\nA: Paris\n\nQ: What is the capital of Japan?\nA: Tokyo\n\n"
+            "Q: {prompt}\nA:")
+
 
 def plain(text: str) -> str:
   """Lower case without accents (œ as oe), for grading translations."""

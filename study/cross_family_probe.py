@@ -16,6 +16,7 @@ from absl import flags
 
 from launch import _cli
 from study._french_words import FRENCH
+from study._greedy_answers import FEW_SHOT
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODELS = os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models")
@@ -24,12 +25,12 @@ _SMOLLM = flags.DEFINE_string("smollm", os.path.join(_MODELS, "smollm2-135m-inst
 _ADDITIONS = flags.DEFINE_integer("additions", 40, "Two-digit additions asked.")
 _OUT = flags.DEFINE_string("out", None, "JSON file for the measured accuracies and every answer (optional).")
 
-# Two solved examples, then the question: what a base model needs to answer in one line.
-FEW_SHOT = ("Q: What is the capital of France?\nA: Paris\n\nQ: What is the capital of Japan?\nA: Tokyo\n\n"
-            "Q: {prompt}\nA:")
+# Two solved examples, then the question (FEW_SHOT for capitals): what a base model needs to answer in one line.
 FEW_SHOT_ADD = "Q: What is 21 + 34?\nA: 55\n\nQ: What is 48 + 17?\nA: 65\n\nQ: {prompt}\nA:"
 FEW_SHOT_FRENCH = ("Q: What is the French word for dog?\nA: chien\n\nQ: What is the French word for house?\nA: maison"
                    "\n\nQ: {prompt}\nA:")
+
+
 def run():
   import random
   from opd_jax.data.problems import load_jsonl

@@ -246,6 +246,7 @@ CASES = [
      "--texts must be >= 1"),
     ("build_chat_prompts_teacher", "study/build_chat_prompts.py", "--teacher={d}/none", "does not exist"),
     ("cross_family_probe_models", "study/cross_family_probe.py", "--gemma={d}/none", "is not a prepared model"),
+    ("base_student_probe_models", "study/base_student_probe.py", "--gemma={d}/none", "is not a prepared model"),
     ("teacher_answer_probe_model", "study/teacher_answer_probe.py", "--samples={d}/none.jsonl", "--teacher={d}/none",
      "is not a prepared model"),
     ("teacher_sft_baseline_model", "study/teacher_sft_baseline.py", "--teacher={d}/none", "is not a prepared model"),

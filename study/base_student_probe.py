@@ -1,0 +1,69 @@
+"""The other direction of the cross-family pair, measured before building it: can the instruct model (SmolLM2-135M-
+Instruct, in its chat format) teach the base model (Gemma 3 270M) to answer questions asked without examples?
+
+  python -m study.base_student_probe --out=results/gemma3/base_student_probe.json
+
+Greedy answers to the capitals questions of the chat prompt set that have an answer (training and held-out splits
+reported apart), graded by "contains" (case and accents ignored), each answer its first line:
+  - Gemma in the zero-shot formats a student could be prompted in (FORMATS: no examples, so what it does there is
+    its own behaviour, not a copy of a demonstration), and two-shot for what it knows;
+  - SmolLM2 in its chat format (the teacher).
+A format where Gemma knows the capital (two-shot) but does not answer it zero-shot is a behaviour a teacher can
+give it. Exit code 2 on bad input.
+"""
+
+import os
+
+from absl import flags
+
+from launch import _cli
+from study._greedy_answers import FEW_SHOT
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MODELS = os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "models")
+_GEMMA = flags.DEFINE_string("gemma", os.path.join(_MODELS, "gemma3-270m"), "Gemma 3 270M, prepared.")
+_SMOLLM = flags.DEFINE_string("smollm", os.path.join(_MODELS, "smollm2-135m-instruct"), "SmolLM2, prepared.")
+_OUT = flags.DEFINE_string("out", None, "JSON file for the measured accuracies and every answer (optional).")
+
+# Zero-shot student formats (data.prompt_format): the question alone on its line, and a bare Q/A frame.
+FORMATS = {"question line": "{prompt}\n", "Q/A": "Q: {prompt}\nA:"}
+
+
+def run():
+  from opd_jax.data.problems import load_jsonl
+  from opd_jax.errors import InputError
+  from study import _greedy_answers as greedy_answers
+  for path in (_GEMMA.value, _SMOLLM.value):
+    if not os.path.isdir(path):
+      raise InputError(f"{path} is not a prepared model; prepare it with launch/prepare_model.py (module docstring)")
+  chat = os.path.join(_REPO, "opd_jax", "assets", "chat")
+  splits = {split: [p for p in load_jsonl(os.path.join(chat, f"{split}.jsonl")) if p.answer is not None]
+            for split in ("train", "heldout")}
+  runs = {f"gemma3-270m zero-shot, {name}": (_GEMMA.value, False, template) for name, template in FORMATS.items()}
+  runs["gemma3-270m two-shot"] = (_GEMMA.value, False, FEW_SHOT)
+  runs["smollm2-135m-instruct chat (the teacher)"] = (_SMOLLM.value, True, "")
+  report = {"formats": {name: template for name, (_, _, template) in runs.items()}, "results": {}}
+  for name, (path, is_chat, template) in runs.items():
+    for split, problems in splits.items():
+      texts, seconds = greedy_answers.answers(path, [p.prompt for p in problems], is_chat, template, 32)
+      right = [greedy_answers.plain(p.answer) in greedy_answers.plain(t) for p, t in zip(problems, texts)]
+      report["results"].setdefault(name, {})[split] = {
+          "correct": sum(right), "asked": len(right), "empty": sum(not t for t in texts),
+          "seconds": round(seconds, 1),
+          "answers": [{"prompt": p.prompt, "answer": p.answer, "response": t, "correct": ok}
+                      for p, t, ok in zip(problems, texts, right)]}
+      print(f"{name:44s} {split:8s} {sum(right):3d} / {len(right):3d} correct, {sum(not t for t in texts):3d} empty "
+            f"({seconds:.0f} s)")
+  if _OUT.value:
+    from opd_jax.files import write_json
+    write_json(_OUT.value, report)
+
+
+def main(argv):
+  del argv
+  _cli.quiet_logs()
+  _cli.run_or_exit(run)
+
+
+if __name__ == "__main__":
+  _cli.run(main)
