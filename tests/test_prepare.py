@@ -154,6 +154,34 @@ def test_cross_family_config_runs_end_to_end_on_tiny_ggufs(tmp_path):
   assert steps and all(0 < r["cross_tokenizer/token_share"] <= 1 for r in steps)
 
 
+@pytest.mark.slow  # the other direction of the test above; the fast tier keeps that one
+def test_base_student_config_runs_end_to_end_on_tiny_ggufs(tmp_path):
+  """configs/smollm2_to_gemma3.py:runlocal on two tiny GGUFs: a llama teacher in its chat format (ChatML) teaches a
+  gemma3 student prompted in a plain format of its own (data.prompt_format, rendered with Gemma's BOS), its answer
+  ended at its first line (rollout.stop_text) and scored against the teacher's end of turn."""
+  teacher_gguf, student_gguf = str(tmp_path / "teacher.gguf"), str(tmp_path / "student.gguf")
+  write_gguf(teacher_gguf, "llama")
+  write_gemma3_gguf(student_gguf)
+  models, workdir = str(tmp_path / "models"), str(tmp_path / "run")
+  command = [sys.executable, "launch/train.py", "--config=configs/smollm2_to_gemma3.py:runlocal",
+             f"--workdir={workdir}", f"--config.prepare.gguf={teacher_gguf}",
+             f"--config.prepare.student_gguf={student_gguf}", f"--config.prepare.dir={models}",
+             "--config.data.max_prompt_tokens=48",  # the tiny vocabulary's few merges: about a token a character
+             "--config.cross_tokenizer.max_teacher_prompt_tokens=180",  # ChatML, about a token a character
+             "--config.cross_tokenizer.max_teacher_response_tokens=64", "--config.train.progress_bar=False"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ["OPD_JAX_TEST_XLA_FLAGS"]}
+  result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert read_hf_config(os.path.join(models, "gemma3-270m")).model_type == "gemma3_text"
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["data"]["prompt_format"] == "{prompt}\n"
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  evals = [r for r in rows if "eval/accuracy" in r]
+  assert len(evals) == 2 and all(r["eval/span_reverse_kl"] == r["eval/span_reverse_kl"] for r in evals)
+  steps = [r for r in rows if "loss" in r]
+  assert steps and all(0 < r["cross_tokenizer/token_share"] <= 1 for r in steps)
+
+
 def test_prepare_errors_before_writing_anything(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "OPD_JAX_COMPILATION_CACHE": "off"}
   result = subprocess.run([sys.executable, "launch/train.py", "--config=configs/smollm2.py:runlocal",
