@@ -123,7 +123,7 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.data.max_digits = 2
   c.data.use_chat_template = False  # wrap prompts as a user turn when the tokenizer has a chat template
   # The student's prompt format instead: "chat", "plain" or a template such as "Q: {prompt}\nA:" for a base model
-  # (rendered with the tokenizer's special tokens; opd_jax/data/prompt_format.py); "" = use_chat_template decides.
+  # (rendered with the tokenizer's special tokens; opd_jax/models/prompt_format.py); "" = use_chat_template decides.
   c.data.prompt_format = ""
   c.data.max_prompt_tokens = 20  # prompts are left-padded (or cut from the left) to this length
   c.data.seed = 0  # problem generation and shuffling

@@ -44,7 +44,7 @@ def sample():
   from flax import nnx
 
   from opd_jax.data import char_tokenizer
-  from opd_jax.data.prompt_format import PromptFormat
+  from opd_jax.models.prompt_format import PromptFormat
   from opd_jax.models import load_pretrained, load_tokenizer
   from opd_jax.models.finite import check_finite
   from opd_jax.models.tokenizer import encode_prompt

@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import common
 from opd_jax.crosstok.align import UNSCORED, align, token_ends
-from opd_jax.data.prompt_format import PromptFormat
+from opd_jax.models.prompt_format import PromptFormat
 from opd_jax.crosstok.projection import character_events
 from opd_jax.crosstok.scoring import _teacher_inputs, span_score_program
 from opd_jax.crosstok.view import CrossTokenizerView

@@ -3,7 +3,7 @@
 Legend: B rows, R student response length, Pt / Rt the teacher's prompt / response length (static).
 
 For each row the student's response tokens are decoded to text; the teacher reads its own rendering of the row's
-prompt (opd_jax.data.prompt_format) followed by `response_prefix` and that text, tokenized together by its own
+prompt (opd_jax.models.prompt_format) followed by `response_prefix` and that text, tokenized together by its own
 tokenizer (a teacher token of prefix only is context, in no span), and the two
 tokenizations are aligned into spans (opd_jax.crosstok.align). What is never scored, and counted instead:
   - a span holding a teacher token that is the teacher's unknown token, or no teacher token (`spans_unscorable`);
@@ -43,7 +43,7 @@ import numpy as np
 from opd_jax.crosstok.align import UNSCORED, align, shared_ends, token_ends
 from opd_jax.crosstok.boundaries import BoundaryProbe, settled
 from opd_jax.crosstok.cover import NONE
-from opd_jax.data.prompt_format import PromptFormat
+from opd_jax.models.prompt_format import PromptFormat
 from opd_jax.errors import InputError
 
 UNREADABLE_LOGP = math.log(1e-30)  # the teacher's log-prob of a student token it cannot read: what a probability

@@ -43,11 +43,11 @@ def load_tokenizer(path: str):
 
 
 def encode_prompt(tokenizer, text: str, use_chat_template: bool, prompt_format: str = "") -> list[int]:
-  """Token ids of a prompt: rendered in `prompt_format` when one is given (opd_jax/data/prompt_format.py; e.g. a
+  """Token ids of a prompt: rendered in `prompt_format` when one is given (opd_jax/models/prompt_format.py; e.g. a
   base model's "Q: {prompt}\nA:", with its BOS), else wrapped as one user turn when asked and the tokenizer has a
   chat template, else the text alone without special tokens."""
   if prompt_format:
-    from opd_jax.data.prompt_format import PromptFormat
+    from opd_jax.models.prompt_format import PromptFormat
     return PromptFormat(prompt_format, tokenizer, "data.prompt_format").ids(text)
   if use_chat_template and getattr(tokenizer, "chat_template", None):
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,

@@ -59,7 +59,7 @@ class DataSpec:
   min_digits: int = 1
   max_digits: int = 2
   use_chat_template: bool = False
-  prompt_format: str = ""  # "" (use_chat_template decides) | "chat" | "plain" | a template (data/prompt_format.py)
+  prompt_format: str = ""  # "" (as use_chat_template says) | "chat" | "plain" | a template (models/prompt_format.py)
   max_prompt_tokens: int = 20
   seed: int = 0
   mix: str = ""
@@ -75,7 +75,7 @@ class DataSpec:
       raise InputError(f"data.prompt_format must be a string ('' = as data.use_chat_template says), got "
                        f"{spec.prompt_format!r}")
     if spec.prompt_format:
-      from opd_jax.data.prompt_format import check_format
+      from opd_jax.models.prompt_format import check_format
       check_format(spec.prompt_format, "data.prompt_format")
       if spec.use_chat_template:
         raise InputError(f"data.prompt_format={spec.prompt_format!r} and data.use_chat_template=True both say how "
@@ -235,7 +235,7 @@ class ServedSpec:
 class CrossTokenizerSpec:
   """A teacher with its own tokenizer and prompt format (config.cross_tokenizer; opd_jax/crosstok)."""
   enabled: bool = False
-  teacher_format: str = "chat"  # "chat" | "plain" | a template with {prompt} (opd_jax/data/prompt_format.py)
+  teacher_format: str = "chat"  # "chat" | "plain" | a template with {prompt} (opd_jax/models/prompt_format.py)
   teacher_end: str = ""  # the teacher token the student's EOS is scored against; "" = its tokenizer's EOS
   teacher_response_prefix: str = ""  # text the teacher reads between its prompt and the student's response
   max_teacher_prompt_tokens: int = 0  # Pt; 0 = 2 x data.max_prompt_tokens
@@ -255,7 +255,7 @@ class CrossTokenizerSpec:
                        "tokenizations mean the same event) or 'corrected' (every shared boundary, with cover "
                        "corrections; the span form)")
     if spec.enabled:
-      from opd_jax.data.prompt_format import check_format
+      from opd_jax.models.prompt_format import check_format
       check_format(spec.teacher_format)
     for field in ("max_teacher_prompt_tokens", "max_teacher_response_tokens"):
       if not _is_int(getattr(spec, field)) or getattr(spec, field) < 0:

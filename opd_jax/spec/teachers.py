@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from opd_jax.data.task import Problem
-from opd_jax.data.prompt_format import check_format
+from opd_jax.models.prompt_format import check_format
 from opd_jax.errors import InputError
 from opd_jax.models import read_hf_config
 from opd_jax.models.tokenizer_compat import PairVocab, check_pair

@@ -91,9 +91,8 @@ def build_run(spec: RunSpec, stack: contextlib.ExitStack) -> Run:
     raise InputError(f"train.target_accuracy={t.target_accuracy} needs held-out problems with answers, but none of "
                      f"the {len(heldout)} in data.heldout_file={d.heldout_file!r} has one; set it to 0")
   prompts = PromptPipeline(train_problems, tokenizer, batch_size=t.batch_size // spec.group_size,
-                           max_prompt_tokens=d.max_prompt_tokens, seed=d.seed,
-                           use_chat_template=d.use_chat_template, prompt_format=d.prompt_format,
-                           mix=d.mix_weights)
+                           max_prompt_tokens=d.max_prompt_tokens, seed=d.seed, use_chat_template=d.use_chat_template,
+                           prompt_format=d.prompt_format, mix=d.mix_weights)
 
   o = spec.optimizer
   schedule = make_schedule(learning_rate=o.learning_rate, warmup_steps=o.warmup_steps, total_steps=max(t.steps, 1),
