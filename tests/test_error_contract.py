@@ -97,6 +97,8 @@ CASES = [
      "outside the tokenizer's vocabulary: '*'"),
     ("sample_positions", "launch/sample.py", "--checkpoint={student}", "--prompt_ids=3", "--max_new_tokens=99999",
      "--json", "max_position_embeddings"),
+    ("sample_prompt_format", "launch/sample.py", "--checkpoint={student}", "--prompt=12+3", "--json",
+     "--prompt_format=Q: {{question}}", "--prompt_format='Q: {question}' does not render"),
     ("sample_nan", *SAMPLE, "--checkpoint={bad}", "non-finite"),
     ("sample_config_list", *SAMPLE, "--checkpoint={bad}", "holds a JSON list"),
     ("sample_truncated_weights", *SAMPLE, "--checkpoint={bad}", "model.safetensors"),
