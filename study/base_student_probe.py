@@ -2,6 +2,7 @@
 Instruct, in its chat format) teach the base model (Gemma 3 270M) to answer questions asked without examples?
 
   python -m study.base_student_probe --out=results/gemma3/base_student_probe.json
+  python -m study.base_student_probe --gemma=<run>/export --out=...   # the same, for a distilled Gemma student
 
 Greedy answers to the capitals questions of the chat prompt set that have an answer (training and held-out splits
 reported apart), graded by "contains" (case and accents ignored), each answer its first line:
@@ -42,7 +43,8 @@ def run():
   runs = {f"gemma3-270m zero-shot, {name}": (_GEMMA.value, False, template) for name, template in FORMATS.items()}
   runs["gemma3-270m two-shot"] = (_GEMMA.value, False, FEW_SHOT)
   runs["smollm2-135m-instruct chat (the teacher)"] = (_SMOLLM.value, True, "")
-  report = {"formats": {name: template for name, (_, _, template) in runs.items()}, "results": {}}
+  report = {"formats": {name: template for name, (_, _, template) in runs.items()},
+            "models": {name: path for name, (path, _, _) in runs.items()}, "results": {}}
   for name, (path, is_chat, template) in runs.items():
     for split, problems in splits.items():
       texts, seconds = greedy_answers.answers(path, [p.prompt for p in problems], is_chat, template, 32)

