@@ -13,7 +13,7 @@ import os
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from study.analysis.validation import admission_vs_run_k3
-from study.tables import bench, comparison, cross_tokenizer, pairs, real_pair, serving, study
+from study.tables import bench, comparison, cross_family, cross_tokenizer, pairs, real_pair, serving, study
 from study.tables.markdown import g3, md_table
 from study.tables.validation import k3_quantities_table, validation_rules_table, validation_table
 
@@ -238,6 +238,7 @@ def all_tables(results_dir: str) -> dict[str, str]:
   tables.update(comparison.tables(results_dir))
   tables.update(bench.tables(results_dir))
   tables.update(cross_tokenizer.tables(results_dir))
+  tables.update(cross_family.tables(results_dir))
   return tables
 
 
@@ -252,7 +253,8 @@ not what `results/` generates). How each file is made, and what the numbers mean
 
 def source_of(title: str) -> str:
   """The shipped file (or folder) a table of all_tables is rendered from."""
-  for sources in (pairs.SOURCES, study.SOURCES, comparison.SOURCES, bench.SOURCES, cross_tokenizer.SOURCES):
+  for sources in (pairs.SOURCES, study.SOURCES, comparison.SOURCES, bench.SOURCES, cross_tokenizer.SOURCES,
+                  cross_family.SOURCES):
     if title in sources:
       return sources[title]
   kind, _, name = title.partition(" ")
