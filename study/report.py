@@ -84,7 +84,7 @@ def run():
     if unknown:
       raise InputError(f"--heldout_exclude names {unknown}, which no --heldout_results row has (give pair/point)")
     heldout = [r for r in heldout if f"{r['pair']}/{r['point']}" not in _EXCLUDE.value]
-    result = validate(load_rows(_RESULTS.value), lambda pair: common.pair_config(pair, None),
+    result = validate(load_rows(_RESULTS.value), common.config_for,
                       holdout_fraction=_HOLDOUT.value, tolerance=_TOLERANCE.value, relative=False,
                       num_prompts=_PROMPTS.value, heldout=heldout, seed_means=_SEED_MEANS.value,
                       budget_file=read_budget(_BUDGET.value) if _BUDGET.value else None,
