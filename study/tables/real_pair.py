@@ -261,6 +261,22 @@ def loops_table(reports: list[dict]) -> str:
                    "elsewhere: student p", "teacher p"], body)
 
 
+def transfer_table(transfer: dict) -> str:
+  """Each held-out recipe judged twice by launch/admit.py's rule (study.analysis.transfer): with the pair's own budget
+  file and factor, and with the embedded pairs' pooled file; then each side's agreement with the real runs."""
+  verdict = lambda v: (f"{'ADMIT' if v['admit'] else 'REJECT'} (÷ {v['k3_factor']:.3g} = {v['compared']:.3g} vs "
+                       f"{v['budget']:.3g})")
+  body = [[r["point"], f"{r['measured']:.3g}", f"{100 * r['quality_loss']:+.1f}%",
+           "kept" if r["real_ok"] else "lost", verdict(r["own"]), "yes" if r["own"]["agree"] else "**no**",
+           verdict(r["transferred"]), "yes" if r["transferred"]["agree"] else "**no**"] for r in transfer["rows"]]
+  agreement = lambda s: (f"{s['agreed']} / {s['n']} (95% Wilson {100 * s['agreement_interval'][0]:.0f}-"
+                         f"{100 * s['agreement_interval'][1]:.0f}%)")
+  body.append(["agreement with the real runs", "", "", "", "", agreement(transfer["own"]), "",
+               agreement(transfer["transferred"])])
+  return md_table(["held-out recipe", "admission k3", "reverse-KL rise (seed mean)", "real runs (tolerance 5%)",
+                   "own budget: verdict (k3 ÷ factor vs budget)", "agrees", "pooled budget: verdict", "agrees"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
   """Title -> markdown table for every real-pair file present under results_dir/smollm2."""
   root = os.path.join(results_dir, "smollm2")
@@ -306,4 +322,11 @@ def tables(results_dir: str) -> dict[str, str]:
   campaign = _campaign(root)
   if campaign:
     out["smollm2 budget calibration"] = campaign_table(campaign)
+  validation = os.path.join(root, "validation", "validation.json")
+  if os.path.exists(validation):
+    from study.tables.validation import validation_table
+    out["smollm2 held-out validation"] = validation_table(read_json(validation, "validation file"))
+  transfer = os.path.join(root, "validation", "transfer.json")
+  if os.path.exists(transfer):
+    out["smollm2 transfer"] = transfer_table(read_json(transfer, "transfer file"))
   return out
