@@ -14,11 +14,11 @@ every seed gives the same)."""
 from __future__ import annotations
 
 import os
-import re
 
 from opd_jax.experiments.files import read_json, read_jsonl
 from opd_jax.experiments.intervals import T_INTERVAL, t_interval
 from study.tables.markdown import md_table
+from study.tables.real_pair import seed_folders
 
 RUN = os.path.join("gemma3", "s2g_run")
 TITLE = "cross-family pair: SmolLM2-135M-Instruct teaches Gemma 3 270M (base)"
@@ -51,14 +51,6 @@ def _cell(values: list[float], digits) -> str:
 
 def _count(result: dict) -> str:
   return f"{result['correct']} / {result['asked']}"
-
-
-def seed_folders(root: str) -> list[tuple[int, str]]:
-  """(seed, folder) of every seed<S>/ under root holding a metrics.jsonl, by seed."""
-  if not os.path.isdir(root):
-    return []
-  return sorted((int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
-                if (m := re.fullmatch(r"seed(\d+)", name)) and os.path.exists(os.path.join(root, name, "metrics.jsonl")))
 
 
 def run_table(runs: dict[int, dict], before: dict[str, dict]) -> str:

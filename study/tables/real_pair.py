@@ -239,7 +239,7 @@ def _campaign(root: str) -> dict[int, list[dict]] | None:
   return per_seed
 
 
-def _seed_folders(run: str) -> list[tuple[int, str]]:
+def seed_folders(run: str) -> list[tuple[int, str]]:
   """(seed, folder) of every run/seed<S>/ holding a metrics.jsonl, by seed."""
   if not os.path.isdir(run):
     return []
@@ -284,7 +284,7 @@ def tables(results_dir: str) -> dict[str, str]:
     return {}
   out = {}
   runs, times = {}, {}
-  for seed, folder in _seed_folders(os.path.join(root, "run")):
+  for seed, folder in seed_folders(os.path.join(root, "run")):
     runs[seed] = read_jsonl(os.path.join(folder, "metrics.jsonl"))
     if os.path.exists(os.path.join(folder, "time.json")):
       times[seed] = read_json(os.path.join(folder, "time.json"), "time file")
@@ -293,7 +293,7 @@ def tables(results_dir: str) -> dict[str, str]:
     if len(runs) > 1:
       out["smollm2 goals"] = goals_table(list(runs.values()))
       out["smollm2 seeds"] = seeds_table(runs, times)
-    samples = read_jsonl(os.path.join(_seed_folders(os.path.join(root, "run"))[0][1], "samples.jsonl"))
+    samples = read_jsonl(os.path.join(seed_folders(os.path.join(root, "run"))[0][1], "samples.jsonl"))
     out["smollm2 samples"] = samples_table(samples)
     if any(s["model"] == "teacher" and "answer" in s for s in samples):
       out["smollm2 capitals samples"] = samples_table(samples, count=4, graded=True)
