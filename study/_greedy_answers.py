@@ -1,5 +1,5 @@
 """Greedy answers of a prepared model to a list of questions, in its chat format or a few-shot template, and the
-grading text they are compared in (study/cross_family_probe.py, study/teacher_sft_baseline.py)."""
+grading text they are compared in (study/cross_family_probe.py, study/base_student_probe.py, study/teacher_sft_baseline.py)."""
 
 import time
 
@@ -13,6 +13,14 @@ def plain(text: str) -> str:
   import unicodedata
   text = text.lower().replace("œ", "oe")
   return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+
+
+def grade(prompts: list[str], answers: list[str], texts: list[str], seconds: float) -> dict:
+  """Greedy answers graded by "contains" (plain text): the counts (correct, asked, empty) and every answer."""
+  right = [plain(a) in plain(t) for a, t in zip(answers, texts)]
+  return {"correct": sum(right), "asked": len(right), "empty": sum(not t for t in texts), "seconds": round(seconds, 1),
+          "answers": [{"prompt": p, "answer": a, "response": t, "correct": ok}
+                      for p, a, t, ok in zip(prompts, answers, texts, right)]}
 
 
 def answers(path: str, prompts: list[str], chat: bool, template: str, new_tokens: int) -> tuple[list[str], float]:

@@ -47,14 +47,11 @@ def run():
             "models": {name: path for name, (path, _, _) in runs.items()}, "results": {}}
   for name, (path, is_chat, template) in runs.items():
     for split, problems in splits.items():
-      texts, seconds = greedy_answers.answers(path, [p.prompt for p in problems], is_chat, template, 32)
-      right = [greedy_answers.plain(p.answer) in greedy_answers.plain(t) for p, t in zip(problems, texts)]
-      report["results"].setdefault(name, {})[split] = {
-          "correct": sum(right), "asked": len(right), "empty": sum(not t for t in texts),
-          "seconds": round(seconds, 1),
-          "answers": [{"prompt": p.prompt, "answer": p.answer, "response": t, "correct": ok}
-                      for p, t, ok in zip(problems, texts, right)]}
-      print(f"{name:44s} {split:8s} {sum(right):3d} / {len(right):3d} correct, {sum(not t for t in texts):3d} empty "
+      prompts = [p.prompt for p in problems]
+      texts, seconds = greedy_answers.answers(path, prompts, is_chat, template, 32)
+      graded = greedy_answers.grade(prompts, [p.answer for p in problems], texts, seconds)
+      report["results"].setdefault(name, {})[split] = graded
+      print(f"{name:44s} {split:8s} {graded['correct']:3d} / {graded['asked']:3d} correct, {graded['empty']:3d} empty "
             f"({seconds:.0f} s)")
   if _OUT.value:
     from opd_jax.files import write_json

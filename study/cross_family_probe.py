@@ -54,12 +54,9 @@ def run():
   for name, (path, is_chat) in models.items():
     for task, (prompts, answers) in tasks.items():
       texts, seconds = greedy_answers.answers(path, prompts, is_chat, templates[task], 32 if is_chat else 12)
-      right = [greedy_answers.plain(a) in greedy_answers.plain(t) for t, a in zip(texts, answers)]
-      report["results"].setdefault(name, {})[task] = {
-          "correct": sum(right), "asked": len(right), "seconds": round(seconds, 1),
-          "answers": [{"prompt": p, "answer": a, "response": t, "correct": ok}
-                      for p, a, t, ok in zip(prompts, answers, texts, right)]}
-      print(f"{name:32s} {task:9s} {sum(right):4d} / {len(right):4d} correct ({seconds:.0f} s)")
+      graded = greedy_answers.grade(prompts, answers, texts, seconds)
+      report["results"].setdefault(name, {})[task] = graded
+      print(f"{name:32s} {task:9s} {graded['correct']:4d} / {graded['asked']:4d} correct ({seconds:.0f} s)")
   if _OUT.value:
     from opd_jax.files import write_json
     write_json(_OUT.value, report)
