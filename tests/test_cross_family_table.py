@@ -56,3 +56,28 @@ def test_the_table_reads_first_and_last_evaluations_and_the_probes(tmp_path):
   # no behaviour.json in either seed: those rows are left out, not filled with the base model's counts
   assert not any(label.startswith("trained:") for label in lines)
   assert "distilled (step 100), seeds 0, 1" in table
+
+
+def test_the_screen_table_puts_each_setting_in_a_column_of_before_after_cells(tmp_path):
+  root = str(tmp_path)
+  os.makedirs(os.path.join(root, "gemma3"))
+  for name in ("probe.json", "base_student_probe.json"):
+    shutil.copy(os.path.join(REPO, "results", "gemma3", name), os.path.join(root, "gemma3", name))
+  for name, lr, french in (("fast", 5e-5, 0), ("slow", 2e-5, 37)):
+    _seed(root, 0, 1.0, french, 900)
+    folder = os.path.join(root, "gemma3", "s2g_screen", name)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    shutil.move(os.path.join(root, "gemma3", "s2g_run", "seed0"), folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+      json.dump({"optimizer": {"learning_rate": lr}, "train": {"eval_size": 48}}, f)
+  tables = cross_family.tables(root)
+  assert cross_family.TITLE not in tables  # no seed folder left
+  lines = {line.split(" | ")[0].lstrip("| "): line for line in tables[cross_family.SCREEN_TITLE].splitlines()}
+  assert "`fast/` | `slow/`" in lines["measure (seed 0)"]
+  assert lines["setting"].endswith("| lr 5e-05, 100 steps | lr 2e-05, 100 steps |")
+  assert "| 1.800 -> 0.900 | 1.800 -> 0.900 |" in lines["span KL per scored token (student's samples)"]
+  base_french = json.load(open(os.path.join(REPO, "results", "gemma3", "probe.json")))
+  base_french = base_french["results"][cross_family.GEMMA]["french"]["correct"]
+  assert f"| {base_french} / 50 -> 0 / 50 | {base_french} / 50 -> 37 / 50 |" in lines[
+      "kept: English -> French words, two-shot"]
+  assert lines["wall minutes (2 CPU cores)"].endswith("| 15 | 15 |")
