@@ -50,9 +50,9 @@ def fail(message: str, code: int = 2):
 def run_or_exit(fn, log_dir: str | None = None):
   """Runs fn; an InputError (bad config or input, raised by the loading / validation functions) becomes one
   `error:` line on stderr and exit code 2. A backend limit the user can act on (opd_jax.backend_errors: device
-  memory, a dtype the backend cannot compute, a missing cuDNN / accelerator runtime) becomes one `error:` line
-  naming the setting to change and where the full trace went (log_dir/error.log, the run's workdir; a temporary
-  file without one), exit 1 for out of memory, 2 otherwise. Anything else keeps its traceback."""
+  memory or disk, a dtype the backend cannot compute, a missing cuDNN / accelerator runtime) becomes one `error:`
+  line naming the setting to change and where the full trace went (log_dir/error.log, the run's workdir; a
+  temporary file without one), exit 1 for out of memory or disk, 2 otherwise. Anything else keeps its traceback."""
   from opd_jax import backend_errors
   from opd_jax.errors import InputError
   try:
@@ -61,7 +61,7 @@ def run_or_exit(fn, log_dir: str | None = None):
     if os.environ.get(DEBUG_ENV):
       raise
     fail(e)
-  except (RuntimeError, ValueError, MemoryError, AssertionError) as e:
+  except (RuntimeError, ValueError, MemoryError, AssertionError, OSError) as e:
     found = backend_errors.explain(e)
     if found is None or os.environ.get(DEBUG_ENV):
       raise
@@ -83,10 +83,13 @@ def _write_trace(log_dir: str | None) -> str:
       return os.path.join(log_dir, "error.log")
     except OSError:
       pass
-  fd, path = tempfile.mkstemp(prefix="opd_jax_error_", suffix=".log")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  return path
+  try:
+    fd, path = tempfile.mkstemp(prefix="opd_jax_error_", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    return path
+  except OSError as e:  # a full disk: the message still goes out
+    return f"not written, {e.strerror or e}"
 
 
 def git(root: str, *args: str) -> str:

@@ -174,6 +174,25 @@ def test_backend_limits_are_named_and_anything_else_is_left_alone(exc, fragment,
     assert fragment in found[0] and found[1] == code and "\n" not in found[0]
 
 
+def test_a_full_disk_is_named_as_such_not_as_device_memory():
+  """orbax reports a checkpoint write on a full disk as RESOURCE_EXHAUSTED, raised while handling the OSError it
+  met: the line names the disk (exit 1, the run resumes), not device memory."""
+  import errno
+  from opd_jax.backend_errors import explain
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+      raise ValueError('RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at local file "/w/40"')
+  except ValueError as e:
+    wrapped = e
+  for exc in (wrapped, OSError(errno.ENOSPC, "No space left on device")):
+    message, code = explain(exc)
+    assert message.startswith("the disk ran out of space") and "device ran out of memory" not in message
+    assert code == 1
+  assert explain(FileNotFoundError(errno.ENOENT, "No such file or directory")) is None  # a bug keeps its trace
+
+
 def test_sample_command_decodes_greedy_with_either_engine_alike():
   """launch/sample.py --engine=paged: the static engine's greedy tokens (log-probs to float summation order)."""
   import numpy as np
