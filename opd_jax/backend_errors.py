@@ -1,9 +1,10 @@
 """Errors raised by XLA or the runtime that a user can act on, named as one line with the setting to change.
 
 A backend limit (a dtype this backend cannot compute, device memory exhausted, a full disk, a missing cuDNN or
-accelerator runtime, more devices asked for than there are) surfaces as a long XLA / runtime traceback whose last line rarely
-says what to do. `explain(exc)` matches the exception's text against the limits below and returns what the user
-should change, or None for anything else (a bug keeps its traceback). launch/_cli.py prints the line, writes the
+accelerator runtime, more devices asked for than there are) surfaces as a long XLA / runtime traceback whose last
+line rarely says what to do. `explain(exc)` matches the exception's text (and that of the exceptions it was raised
+while handling) against the limits below and returns what the user should change, or None for anything else (a
+bug keeps its traceback). launch/_cli.py prints the line, writes the
 full trace to a log file and exits: 1 for running out of memory or disk (a run's earlier checkpoints stay intact),
 2 for the rest (a setting to change before running again).
 """

@@ -1,5 +1,6 @@
-"""Greedy answers of a prepared model to a list of questions, in its chat format or a few-shot template, and the
-grading text they are compared in (study/cross_family_probe.py, study/base_student_probe.py, study/teacher_sft_baseline.py)."""
+"""Greedy answers of a prepared model to a list of questions, in its chat format or a few-shot template, the
+grading text they are compared in, and their grades (study/cross_family_probe.py, study/base_student_probe.py,
+study/teacher_sft_baseline.py)."""
 
 import time
 
