@@ -16,7 +16,8 @@ PER_SPAN = "cross_tokenizer/student_tokens_per_span"
 TITLE = "cross-tokenizer objectives (pairx, 700 steps)"
 # The objective each point of configs/sweeps/cross_tokenizer.py trains, in the table's words.
 OBJECTIVES = {"baseline": "reverse_kl: next-character marginals at span starts", "span_pg": "reverse_kl_pg: span form",
-              "uld": "uld: the ULD baseline"}
+              "uld": "uld: the ULD baseline",
+              "chain": 'reverse_kl, chain split (`marginal_span="chain"`): marginals plus the rest given the character'}
 
 
 def _mean(values: list[float]) -> str:
