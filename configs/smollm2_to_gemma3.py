@@ -75,8 +75,9 @@ def get_config(arg=None):
   if args.objective == "reverse_kl":
     c.objective.marginal_span = "chain"
   # 40 steps at 2e-5 (seed-0 screen, results/gemma3/s2g_screen/): the behaviour is learned (held-out capitals
-  # asked alone 1.00 at step 40) and the few-shot abilities mostly kept (two-shot French 37 of 50, from 40). The
-  # first setting, 100 steps at 5e-5 (results/gemma3/s2g_screen/lr5e-5_100steps_seed0/), lost them: French 0 of 50.
+  # asked alone 27 -> 38 of 39) and the few-shot abilities mostly kept (two-shot French 40 -> 37 of 50). The first
+  # setting, 100 steps at 5e-5 (results/gemma3/s2g_screen/lr5e-5_100steps_seed0/), learned less (31 of 39) and
+  # lost them (French 0 of 50).
   c.optimizer.learning_rate = 2e-5
   c.optimizer.warmup_steps = 10
   c.train.steps = 40

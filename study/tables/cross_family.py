@@ -105,7 +105,7 @@ def screen_table(screens: dict[str, dict], before: dict[str, dict]) -> str:
   rows on each run's own held-out prompts: eval_size differs between screens)."""
   names = sorted(screens)
   per_run = [{row[0]: row for row in _measures(screens[n], before)} for n in names]
-  labels = [row[0] for row in _measures(screens[names[0]], before)]
+  labels = list(dict.fromkeys(label for rows in per_run for label in rows))  # every run's, in measure order
   head = [["setting", *[f"lr {screens[n]['config']['optimizer']['learning_rate']:g}, {_last_step(screens[n])} steps"
                         for n in names]],
           ["held-out prompts evaluated", *[str(screens[n]["config"]["train"]["eval_size"]) for n in names]]]
