@@ -18,6 +18,16 @@ import sys
 CACHE_ENV = "OPD_JAX_COMPILATION_CACHE"
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "opd_jax", "xla")
 DEBUG_ENV = "OPD_JAX_DEBUG"
+_SWITCHES = {"off": None, "0": None, "false": None, "no": None, "": None,
+             "on": DEFAULT_CACHE, "1": DEFAULT_CACHE, "true": DEFAULT_CACHE, "yes": DEFAULT_CACHE}
+
+
+def cache_dir(value: str | None) -> str | None:
+  """The compilation cache folder an OPD_JAX_COMPILATION_CACHE value names (unset: the default), None when off;
+  on / off and their usual spellings are switches, not folders named so."""
+  if value is None:
+    return DEFAULT_CACHE
+  return _SWITCHES.get(value.strip().lower(), value)
 
 
 def quiet_logs() -> None:
@@ -26,8 +36,8 @@ def quiet_logs() -> None:
   os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax and jax log every checkpoint step at INFO
-  cache = os.environ.get(CACHE_ENV, DEFAULT_CACHE)
-  if cache and cache != "off":
+  cache = cache_dir(os.environ.get(CACHE_ENV))
+  if cache:
     import jax
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)

@@ -70,6 +70,13 @@ def test_launch_scripts_fill_and_reuse_the_compilation_cache(tiny_pair, tmp_path
   assert entries and outputs[0] == outputs[1]  # the second run loads executables and answers the same
 
 
+def test_the_compilation_cache_switch_is_not_a_folder_named_on():
+  from launch._cli import DEFAULT_CACHE, cache_dir
+  assert cache_dir(None) == cache_dir("on") == cache_dir(" True ") == DEFAULT_CACHE
+  assert cache_dir("off") is None and cache_dir("0") is None and cache_dir("") is None
+  assert cache_dir("/tmp/xla") == "/tmp/xla"
+
+
 def test_xm_launch_builds_train_arguments_and_rejects_bad_input():
   code = ("from launch import xm_launch as x; "
           "print(x.train_args('configs/pair1.py', '/gcs/b/run', ['train.steps=9'], x.hosts(*x.parse_accelerator("
