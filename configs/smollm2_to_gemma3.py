@@ -66,6 +66,13 @@ def get_config(arg=None):
   # The answer is its first line: a token that writes a newline ends it, scored as the teacher's end of turn.
   c.rollout.stop_text = "\n"
   c.rollout.split_mismatch = False
+  # Rollouts at temperature 0.7, and the objective between both models' distributions at 0.7 (on-policy for the
+  # tempered student; matching tempered distributions is matching the distributions). At 1 the base student's
+  # samples are mostly text the teacher would not end (a list, a paragraph), the end is pushed down wherever it is
+  # sampled, and within 4 updates its greedy answers stop ending (held-out answers at the 32-token cap 8% -> 79% on
+  # seed 1; seed 1's 40-step run at 1 ended none). At 0.7 they end where the teacher ends (docs/cross_tokenizer.md).
+  c.rollout.temperature = 0.7
+  c.objective.temperature = 0.7
   # reverse_kl: each span's KL by the chain rule, the whole next-character distributions at its start plus the rest
   # given it. 20-step screens, 16 graded held-out capitals (results/gemma3/base_student_screen/): with it capitals
   # went 0.75 -> 1.00 by step 10 ("Ecuador is the capital of Ecuador." -> "The capital of Ecuador is Quito, ...")

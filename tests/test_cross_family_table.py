@@ -63,21 +63,43 @@ def test_the_screen_table_puts_each_setting_in_a_column_of_before_after_cells(tm
   os.makedirs(os.path.join(root, "gemma3"))
   for name in ("probe.json", "base_student_probe.json"):
     shutil.copy(os.path.join(REPO, "results", "gemma3", name), os.path.join(root, "gemma3", name))
-  for name, lr, french in (("fast", 5e-5, 0), ("slow", 2e-5, 37)):
+  for name, lr, french, rollout in (("fast", 5e-5, 0, {}), ("slow", 2e-5, 37, {"temperature": 0.7})):
     _seed(root, 0, 1.0, french, 900)
     folder = os.path.join(root, "gemma3", "s2g_screen", name)
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     shutil.move(os.path.join(root, "gemma3", "s2g_run", "seed0"), folder)
     with open(os.path.join(folder, "config.json"), "w") as f:
-      json.dump({"optimizer": {"learning_rate": lr}, "train": {"eval_size": 48}}, f)
+      json.dump({"optimizer": {"learning_rate": lr}, "train": {"eval_size": 48}, "rollout": rollout}, f)
   tables = cross_family.tables(root)
   assert cross_family.TITLE not in tables  # no seed folder left
   lines = {line.split(" | ")[0].lstrip("| "): line for line in tables[cross_family.SCREEN_TITLE].splitlines()}
   assert "`fast/` | `slow/`" in lines["measure (seed 0)"]
-  assert lines["setting"].endswith("| lr 5e-05, 100 steps | lr 2e-05, 100 steps |")
+  assert lines["setting"].endswith("| lr 5e-05, 100 steps | lr 2e-05, 100 steps, rollouts at temperature 0.7 |")
   assert "| 1.800 -> 0.900 | 1.800 -> 0.900 |" in lines["span KL per scored token (student's samples)"]
   base_french = json.load(open(os.path.join(REPO, "results", "gemma3", "probe.json")))
   base_french = base_french["results"][cross_family.GEMMA]["french"]["correct"]
   assert f"| {base_french} / 50 -> 0 / 50 | {base_french} / 50 -> 37 / 50 |" in lines[
       "kept: English -> French words, two-shot"]
   assert lines["wall minutes (2 CPU cores)"].endswith("| 15 | 15 |")
+
+
+def test_the_previous_settings_seeds_and_the_diagnostic_runs_have_tables_of_their_own(tmp_path):
+  root = str(tmp_path)
+  os.makedirs(os.path.join(root, "gemma3"))
+  for name in ("probe.json", "base_student_probe.json"):
+    shutil.copy(os.path.join(REPO, "results", "gemma3", name), os.path.join(root, "gemma3", name))
+  _seed(root, 0, 0.75, 40, 3000)
+  shutil.move(os.path.join(root, "gemma3", "s2g_run"), os.path.join(root, "gemma3", "s2g_run_t1"))
+  for name, caps in (("t1", (0.1, 0.8, 1.0)), ("t07_rollouts", (0.1, 0.2, 0.05)), ("unlisted", (0.0, 0.0, 0.0))):
+    folder = os.path.join(root, "gemma3", "s2g_diagnosis", name)
+    os.makedirs(folder)
+    rows = [{"step": step, "eval/at_cap": cap, "eval/accuracy": 0.5} for step, cap in zip((0, 5, 10), caps)]
+    rows += [{"step": step, "response_tokens": 10.0 + step} for step in range(1, 11)]
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+      f.write("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
+  tables = cross_family.tables(root)
+  assert cross_family.TITLE not in tables and "seeds 0" in tables[cross_family.TITLE_T1]
+  lines = {line.split(" | ")[0].lstrip("| "): line for line in tables[cross_family.DIAGNOSIS_TITLE].splitlines()}
+  assert "unlisted" not in " ".join(lines)  # only the runs whose change the table can name
+  assert "| 0/5/10 | 10%, 80%, 100% | 50%, 50%, 50% | 13.0 | 18.0 |" in lines["`t1/`"]
+  assert "| 10%, 20%, 5% |" in lines["`t07_rollouts/`"]
