@@ -33,13 +33,12 @@ def _word(prompt: str) -> str:
 def _grade(prompts, answers, texts) -> dict:
   """Held-out accuracy (the answer in the first line, accents and case ignored) and the share that is the English
   word itself."""
-  from study._greedy_answers import plain
+  from study._greedy_answers import grade, plain
   first = [t.strip().split("\n")[0] for t in texts]
-  right = [plain(a) in plain(t) for a, t in zip(answers, first)]
+  graded = grade(prompts, answers, first, 0.0)
   english = [plain(t).strip(" .'\"") == plain(_word(p)) for p, t in zip(prompts, first)]
-  return {"accuracy": sum(right) / len(right), "english_word": sum(english) / len(english),
-          "answers": [{"prompt": p, "answer": a, "response": t, "correct": ok}
-                      for p, a, t, ok in zip(prompts, answers, first, right)]}
+  return {"accuracy": graded["correct"] / graded["asked"], "english_word": sum(english) / len(english),
+          "answers": graded["answers"]}
 
 
 def _fine_tune(student: str, prompts: list[str], answers: list[str], out_dir: str) -> list[float]:
