@@ -34,11 +34,17 @@ def _seed(root, seed, accuracy, french, wall):
       json.dump(report, f)
 
 
-def test_the_table_reads_first_and_last_evaluations_and_the_probes(tmp_path):
+def _results_root(tmp_path) -> str:
+  """A results folder holding the shipped before-files (the base models' probes)."""
   root = str(tmp_path)
   os.makedirs(os.path.join(root, "gemma3"))
   for name in ("probe.json", "base_student_probe.json"):
     shutil.copy(os.path.join(REPO, "results", "gemma3", name), os.path.join(root, "gemma3", name))
+  return root
+
+
+def test_the_table_reads_first_and_last_evaluations_and_the_probes(tmp_path):
+  root = _results_root(tmp_path)
   _seed(root, 0, 0.75, 40, 3000)
   _seed(root, 1, 1.0, 30, 3600)
   table = cross_family.tables(root)[cross_family.TITLE]
@@ -59,10 +65,7 @@ def test_the_table_reads_first_and_last_evaluations_and_the_probes(tmp_path):
 
 
 def test_the_screen_table_puts_each_setting_in_a_column_of_before_after_cells(tmp_path):
-  root = str(tmp_path)
-  os.makedirs(os.path.join(root, "gemma3"))
-  for name in ("probe.json", "base_student_probe.json"):
-    shutil.copy(os.path.join(REPO, "results", "gemma3", name), os.path.join(root, "gemma3", name))
+  root = _results_root(tmp_path)
   for name, lr, french, rollout in (("fast", 5e-5, 0, {}), ("slow", 2e-5, 37, {"temperature": 0.7})):
     _seed(root, 0, 1.0, french, 900)
     folder = os.path.join(root, "gemma3", "s2g_screen", name)
@@ -84,10 +87,7 @@ def test_the_screen_table_puts_each_setting_in_a_column_of_before_after_cells(tm
 
 
 def test_the_previous_settings_seeds_and_the_diagnostic_runs_have_tables_of_their_own(tmp_path):
-  root = str(tmp_path)
-  os.makedirs(os.path.join(root, "gemma3"))
-  for name in ("probe.json", "base_student_probe.json"):
-    shutil.copy(os.path.join(REPO, "results", "gemma3", name), os.path.join(root, "gemma3", name))
+  root = _results_root(tmp_path)
   _seed(root, 0, 0.75, 40, 3000)
   shutil.move(os.path.join(root, "gemma3", "s2g_run"), os.path.join(root, "gemma3", "s2g_run_t1"))
   for name, caps in (("t1", (0.1, 0.8, 1.0)), ("t07_rollouts", (0.1, 0.2, 0.05)), ("unlisted", (0.0, 0.0, 0.0))):
