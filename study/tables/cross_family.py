@@ -34,7 +34,8 @@ SCREEN_TITLE = "cross-family pair: the settings screened on seed 0"
 _BEFORE = "results/gemma3/probe.json, results/gemma3/base_student_probe.json"
 DIAGNOSIS = os.path.join("gemma3", "s2g_diagnosis")
 DIAGNOSIS_TITLE = "cross-family pair: the first ten updates of seed 1"
-SOURCES = {TITLE: f"results/gemma3/s2g_run/seed*/, {_BEFORE}", TITLE_T1: f"results/gemma3/s2g_run_t1/seed*/, {_BEFORE}",
+SOURCES = {TITLE: f"results/gemma3/s2g_run/seed*/, {_BEFORE}",
+           TITLE_T1: f"results/gemma3/s2g_run_t1/seed*/, {_BEFORE}",
            SCREEN_TITLE: f"results/gemma3/s2g_screen/*/, {_BEFORE}", DIAGNOSIS_TITLE: "results/gemma3/s2g_diagnosis/*/"}
 # what each diagnostic run changed from the first (its config.json has the objective and temperatures; the two
 # patches are described in results/gemma3/README.md)
@@ -54,7 +55,8 @@ PROBES = (("trained: held-out capitals, zero-shot, question line", "behaviour", 
            "heldout"),
           ("trained: training capitals, zero-shot, question line", "behaviour", "gemma3-270m zero-shot, question line",
            "train"),
-          ("not trained: held-out capitals, zero-shot, Q/A frame", "behaviour", "gemma3-270m zero-shot, Q/A", "heldout"),
+          ("not trained: held-out capitals, zero-shot, Q/A frame", "behaviour", "gemma3-270m zero-shot, Q/A",
+           "heldout"),
           ("kept: capitals, two-shot (train + held-out)", "keeps", GEMMA, "capitals"),
           ("kept: English -> French words, two-shot", "keeps", GEMMA, "french"),
           ("kept: two-digit additions, two-shot", "keeps", GEMMA, "addition"))
