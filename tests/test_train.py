@@ -151,6 +151,21 @@ def _damage_arrays(checkpoints_dir: str, step: int) -> None:
           f.truncate(os.path.getsize(path) // 2)
 
 
+def test_evaluations_do_not_change_the_training_trajectory(tiny_pair, tmp_path):
+  """A run evaluated after every update trains exactly as one evaluated only at its start and end: evaluation draws
+  no training randomness and changes no state, so a recipe run evaluated at the ends can take a main run evaluated
+  every 75 steps as its same-seed baseline (issue 35)."""
+  trained = {}
+  for every in (1, 4):
+    workdir = str(tmp_path / f"every{every}")
+    train(_config(tiny_pair, **{"train.steps": 4, "train.log_every": 1, "train.eval_every": every,
+                                "train.checkpoint_every": 4}), workdir)
+    trained[every] = [(r["step"], r["loss"], r["grad_norm"], r["response_tokens"]) for r in _rows(workdir)
+                      if "loss" in r]
+    assert sum("eval/accuracy" in r for r in _rows(workdir)) == (5 if every == 1 else 2)
+  assert len(trained[1]) == 4 and trained[1] == trained[4]
+
+
 def test_second_trainer_on_a_live_workdir_is_refused(tiny_pair, tmp_path):
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(InputError, match=f"in use by pid {os.getpid()}"):
