@@ -20,10 +20,7 @@ import numpy as np
 from opd_jax.experiments.files import read_jsonl
 from opd_jax.experiments.intervals import T_INTERVAL, t_interval
 from study.tables.markdown import md_table
-
-
-def _last_eval(rows: list[dict]) -> dict:
-  return [r for r in rows if "eval/reverse_kl" in r][-1]
+from study.tables.real_pair import _evals, seed_folders
 
 
 def _mean_interval(values: list[float], scale: float = 1.0, digits: int = 3, sign: str = "") -> str:
@@ -37,7 +34,6 @@ def _mean_interval(values: list[float], scale: float = 1.0, digits: int = 3, sig
 
 def recipe_folders(root: str) -> dict[str, dict[int, str]]:
   """weights -> {seed: folder} of every recipes_300/<weights>/seed<S>/ holding a metrics.jsonl."""
-  from study.tables.real_pair import seed_folders
   base = os.path.join(root, "recipes_300")
   if not os.path.isdir(base):
     return {}
@@ -55,8 +51,8 @@ def recipes_300_table(recipes: dict[str, dict[int, list[dict]]], baselines: dict
     seeds = sorted(s for s in runs if s in baselines)
     if not seeds:
       continue
-    last = {s: _last_eval(runs[s]) for s in seeds}
-    base = {s: _last_eval(baselines[s]) for s in seeds}
+    last = {s: _evals(runs[s])[-1] for s in seeds}
+    base = {s: _evals(baselines[s])[-1] for s in seeds}
     k3 = [np.mean([r["mismatch/k3"] for r in runs[s] if "mismatch/k3" in r]) for s in seeds]
     pair = lambda key, scale=1.0, digits=3: (f"{_mean_interval([last[s][key] for s in seeds], scale, digits)} vs "
                                              f"{_mean_interval([base[s][key] for s in seeds], scale, digits)}")
@@ -71,7 +67,6 @@ def recipes_300_table(recipes: dict[str, dict[int, list[dict]]], baselines: dict
 
 def tables(results_dir: str) -> dict[str, str]:
   """Title -> markdown table, when results_dir/smollm2/recipes_300/ holds a recipe run."""
-  from study.tables.real_pair import seed_folders
   root = os.path.join(results_dir, "smollm2")
   found = recipe_folders(root)
   if not found:
