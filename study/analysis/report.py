@@ -67,13 +67,96 @@ def _load(path: str | None, what: str, fields: tuple[str, ...]) -> dict | None:
   return data
 
 
+def _run_sections(rows: list[dict], budget_data: dict | None, out: str) -> tuple[list, list[str]]:
+  """The sweep results' sections (quality vs mismatch, per source, per pair, every run) and what has no data."""
+  sections, no_data = [], []
+  sections.append(("Quality vs mismatch", _img(plot_quality_vs_mismatch(rows, budget_data,
+                                                                        os.path.join(out, "quality_vs_mismatch.png")))))
+  present = {source_of(r) for r in rows}
+  empty = [s for s in ("noise", "staleness", "quantization") if s not in present]
+  note = (f"<p><i>No data for {html.escape(', '.join(empty))}: none of the given runs varies "
+          f"{'it' if len(empty) == 1 else 'them'} alone.</i></p>" if empty else "")
+  sources_png = plot_sources(rows, os.path.join(out, "mismatch_sources.png"))
+  sections.append(("Mismatch per source", _img(sources_png) + note))
+  if "quantization" in present:
+    sections.append(("Quantization mismatch per pair",
+                     _img(plot_per_pair_quantization(rows, os.path.join(out, "quantization_per_pair.png")))))
+  else:
+    no_data.append("quantization mismatch per pair (no run varies quantization alone)")
+  table = sorted(rows, key=lambda r: (r["pair"], r["mismatch"].get("mismatch/k3", 0.0)))
+  for r in table:
+    r["k3"] = r["mismatch"].get("mismatch/k3", 0.0)
+    r["source"] = source_of(r)
+  sections.append(("All runs", _table(table, [
+      ("pair", "pair", "{}"), ("point", "point", "{}"), ("source", "source", "{}"), ("seed", "seed", "{}"),
+      ("steps", "steps", "{}"), ("learning_rate", "lr", "{:g}"), ("k3", "k3", "{:.3g}"),
+      ("initial_accuracy", "acc before", "{:.3f}"), ("final_accuracy", "acc after", "{:.3f}"),
+      ("delta_final_accuracy", "delta vs baseline", "{:+.3f}"), ("wall_seconds", "wall s", "{:.0f}")])))
+  return sections, no_data
+
+
+def _budget_section(budget_data: dict) -> tuple[str, str]:
+  from opd_jax.experiments.calibrate_report import set_by_text
+  budget_rows = [{"name": k, **v, "lo": v["interval"][0], "hi": v["interval"][1], "how": set_by_text(v)}
+                 for k, v in budget_data["budgets"].items()]
+  return ("Budget", _table(budget_rows, [("name", "pair", "{}"), ("budget", "budget k3", "{:.3g}"),
+                                         ("lo", "90% low", "{:.3g}"), ("hi", "90% high", "{:.3g}"),
+                                         ("how", "set by", "{}"), ("bounded", "loss observed", "{}")]))
+
+
+def _sensitivity_section(path: str, data: dict, out: str) -> tuple[str, str]:
+  png = path.replace(".json", ".png")
+  if not os.path.isfile(png):  # the scan's own plot is not beside its JSON: draw it from the JSON
+    from opd_jax.experiments.sensitivity_report import _plot as plot_sensitivity
+    png = os.path.join(out, f"sensitivity_{data['pair']}_{data['precision']}.png")
+    plot_sensitivity(data["groups"], data["precision"], data["pair"], data["whole_model"]["k3"], png)
+  return (f"Per-layer sensitivity: {data['pair']} ({data['precision']})", _img(png))
+
+
+def _shift_section(shift: dict, out: str) -> tuple[str, str]:
+  from study.analysis.prefix_shift import plot as plot_shift
+  png = plot_shift(shift["rows"], shift["pair"], os.path.join(out, "prefix_shift.png"))
+  return ("Prefix shift", _img(png) + _table(shift["rows"], [
+      ("sigma", "sigma", "{:.3g}"), ("same_prefix_k3", "k3 same prefixes", "{:.3g}"),
+      ("prefix_shift", "prefix shift (nats)", "{:+.4f}"), ("k1_naive_error", "per-token err", "{:+.4f}"),
+      ("k1_tis_error", "after TIS", "{:+.4f}"), ("accuracy_clean", "acc clean", "{:.3f}"),
+      ("accuracy_noisy", "acc noisy", "{:.3f}")]))
+
+
+def _kv_section() -> tuple[str, str]:
+  return ("KV-cache capacity on one 80 GiB device (10% reserve)", _table(kv_capacity_table(), [
+      ("model", "model", "{}"), ("weights", "weights", "{}"), ("kv_cache", "KV cache", "{}"),
+      ("weight_gib", "weights GiB", "{:.2f}"), ("kv_bytes_per_token", "KV bytes/token", "{:,}"),
+      ("kv_tokens", "KV tokens", "{:,}"), ("vs_bf16", "vs bf16", "{:.2f}x")]))
+
+
+def _validation_section(valid: dict) -> tuple[str, str]:
+  interval = valid.get("agreement_interval")
+  return (f"Admission validation: {valid['agreement']:.0%} agreement on {len(valid['rows'])} held-out "
+          "configurations" + (f" (95% Wilson interval over configurations {interval[0]:.0%}-{interval[1]:.0%})"
+                              if interval else ""),
+          _table([{**r, "n_seeds": len(r.get("seeds", [0]))} for r in valid["rows"]],
+                 [("pair", "pair", "{}"), ("point", "point", "{}"), ("n_seeds", "seeds", "{}"),
+                  ("measured", "admission k3", "{:.3g}"), ("admit", "admission", "{}"),
+                  ("quality_loss", "real quality loss", "{:+.3f}"), ("real_ok", "real run ok", "{}"),
+                  ("agree", "agree", "{}"), ("wall_seconds", "admit s", "{:.1f}")]))
+
+
+def _page(sections: list, missing: list[str], no_data: list[str]) -> str:
+  body = "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections)
+  if no_data:
+    body += f"<p><i>Not drawn (no data in the given results): {html.escape('; '.join(no_data))}.</i></p>"
+  if missing:
+    body += f"<p><i>Not included (inputs not given): {html.escape(', '.join(missing))}.</i></p>"
+  return ("<!doctype html><html><head><meta charset='utf-8'><title>opd_jax report</title><style>"
+          "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+          "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}img{max-width:100%}"
+          f"</style></head><body><h1>opd_jax: mismatch budget report</h1>{body}</body></html>")
+
+
 def build(results: list[str], out: str, *, budget: str | None = None, sensitivity: list[str] = (),
           prefix_shift: str | None = None, validation: str | None = None) -> str:
-  """Writes out/*.png and out/report.html; returns the HTML path.
-
-  Long because it lays out every section of the report in page order, each a few lines; it leaves the package
-  with the rest of the study (issue 38, item 4).
-  """
+  """Writes out/*.png and out/report.html, its sections in page order; returns the HTML path."""
   rows = load_rows(results)  # every input is read and checked before anything is written
   budget_data = read_budget(budget) if budget else None
   sensitivity_data = {path: _load(path, "sensitivity file", ("pair", "precision", "groups", "whole_model"))
@@ -85,83 +168,25 @@ def build(results: list[str], out: str, *, budget: str | None = None, sensitivit
   os.makedirs(out, exist_ok=True)
   sections, missing, no_data = [], [], []
   if rows:
-    sections.append(("Quality vs mismatch", _img(plot_quality_vs_mismatch(rows, budget_data,
-                                                                          os.path.join(out, "quality_vs_mismatch.png")))))
-    present = {source_of(r) for r in rows}
-    empty = [s for s in ("noise", "staleness", "quantization") if s not in present]
-    note = (f"<p><i>No data for {html.escape(', '.join(empty))}: none of the given runs varies "
-            f"{'it' if len(empty) == 1 else 'them'} alone.</i></p>" if empty else "")
-    sources_png = plot_sources(rows, os.path.join(out, "mismatch_sources.png"))
-    sections.append(("Mismatch per source", _img(sources_png) + note))
-    if "quantization" in present:
-      sections.append(("Quantization mismatch per pair",
-                       _img(plot_per_pair_quantization(rows, os.path.join(out, "quantization_per_pair.png")))))
-    else:
-      no_data.append("quantization mismatch per pair (no run varies quantization alone)")
-    table = sorted(rows, key=lambda r: (r["pair"], r["mismatch"].get("mismatch/k3", 0.0)))
-    for r in table:
-      r["k3"] = r["mismatch"].get("mismatch/k3", 0.0)
-      r["source"] = source_of(r)
-    sections.append(("All runs", _table(table, [
-        ("pair", "pair", "{}"), ("point", "point", "{}"), ("source", "source", "{}"), ("seed", "seed", "{}"),
-        ("steps", "steps", "{}"), ("learning_rate", "lr", "{:g}"), ("k3", "k3", "{:.3g}"),
-        ("initial_accuracy", "acc before", "{:.3f}"), ("final_accuracy", "acc after", "{:.3f}"),
-        ("delta_final_accuracy", "delta vs baseline", "{:+.3f}"), ("wall_seconds", "wall s", "{:.0f}")])))
+    sections, no_data = _run_sections(rows, budget_data, out)
   else:
     missing.append("sweep results")
   if budget_data:
-    from opd_jax.experiments.calibrate_report import set_by_text
-    budget_rows = [{"name": k, **v, "lo": v["interval"][0], "hi": v["interval"][1], "how": set_by_text(v)}
-                   for k, v in budget_data["budgets"].items()]
-    sections.append(("Budget", _table(budget_rows, [("name", "pair", "{}"), ("budget", "budget k3", "{:.3g}"),
-                                                    ("lo", "90% low", "{:.3g}"), ("hi", "90% high", "{:.3g}"),
-                                                    ("how", "set by", "{}"), ("bounded", "loss observed", "{}")])))
+    sections.append(_budget_section(budget_data))
   else:
     missing.append("budget")
-  for path in sensitivity:
-    data = sensitivity_data[path]
-    png = path.replace(".json", ".png")
-    if not os.path.isfile(png):  # the scan's own plot is not beside its JSON: draw it from the JSON
-      from opd_jax.experiments.sensitivity_report import _plot as plot_sensitivity
-      png = os.path.join(out, f"sensitivity_{data['pair']}_{data['precision']}.png")
-      plot_sensitivity(data["groups"], data["precision"], data["pair"], data["whole_model"]["k3"], png)
-    sections.append((f"Per-layer sensitivity: {data['pair']} ({data['precision']})", _img(png)))
+  sections += [_sensitivity_section(path, sensitivity_data[path], out) for path in sensitivity]
   if not sensitivity:
     missing.append("sensitivity scans")
   if shift:
-    from study.analysis.prefix_shift import plot as plot_shift
-    png = plot_shift(shift["rows"], shift["pair"], os.path.join(out, "prefix_shift.png"))
-    sections.append(("Prefix shift", _img(png) + _table(shift["rows"], [
-        ("sigma", "sigma", "{:.3g}"), ("same_prefix_k3", "k3 same prefixes", "{:.3g}"),
-        ("prefix_shift", "prefix shift (nats)", "{:+.4f}"), ("k1_naive_error", "per-token err", "{:+.4f}"),
-        ("k1_tis_error", "after TIS", "{:+.4f}"), ("accuracy_clean", "acc clean", "{:.3f}"),
-        ("accuracy_noisy", "acc noisy", "{:.3f}")])))
+    sections.append(_shift_section(shift, out))
   else:
     missing.append("prefix-shift analysis")
-  sections.append(("KV-cache capacity on one 80 GiB device (10% reserve)", _table(kv_capacity_table(), [
-      ("model", "model", "{}"), ("weights", "weights", "{}"), ("kv_cache", "KV cache", "{}"),
-      ("weight_gib", "weights GiB", "{:.2f}"), ("kv_bytes_per_token", "KV bytes/token", "{:,}"),
-      ("kv_tokens", "KV tokens", "{:,}"), ("vs_bf16", "vs bf16", "{:.2f}x")])))
+  sections.append(_kv_section())
   if valid:
-    interval = valid.get("agreement_interval")
-    sections.append((f"Admission validation: {valid['agreement']:.0%} agreement on {len(valid['rows'])} held-out "
-                     "configurations" + (f" (95% Wilson interval over configurations {interval[0]:.0%}-{interval[1]:.0%})" if interval else ""),
-                     _table([{**r, "n_seeds": len(r.get("seeds", [0]))} for r in valid["rows"]],
-                            [("pair", "pair", "{}"), ("point", "point", "{}"), ("n_seeds", "seeds", "{}"),
-                             ("measured", "admission k3", "{:.3g}"), ("admit", "admission", "{}"),
-                             ("quality_loss", "real quality loss", "{:+.3f}"), ("real_ok", "real run ok", "{}"),
-                             ("agree", "agree", "{}"), ("wall_seconds", "admit s", "{:.1f}")])))
+    sections.append(_validation_section(valid))
   else:
     missing.append("admission validation")
-  body = "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections)
-  if no_data:
-    body += f"<p><i>Not drawn (no data in the given results): {html.escape('; '.join(no_data))}.</i></p>"
-  if missing:
-    body += f"<p><i>Not included (inputs not given): {html.escape(', '.join(missing))}.</i></p>"
-  page = ("<!doctype html><html><head><meta charset='utf-8'><title>opd_jax report</title><style>"
-          "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
-          "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}img{max-width:100%}"
-          f"</style></head><body><h1>opd_jax: mismatch budget report</h1>{body}</body></html>")
   path = os.path.join(out, "report.html")
-  write_text(path, page)
+  write_text(path, _page(sections, missing, no_data))
   return path
