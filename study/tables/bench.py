@@ -9,7 +9,7 @@ import glob
 import os
 
 from opd_jax.experiments.files import read_json, read_jsonl
-from study.tables.markdown import md_table
+from study.tables.markdown import md_table, mean_cell
 
 SAMPLER = "results/bench/sampler.jsonl"
 SOURCES: dict[str, str] = {}
@@ -121,15 +121,11 @@ def engine_table(result: dict) -> str:
 def engines_training_table(rows: list[dict]) -> str:
   """configs/sweeps/engines.py: the main pair1 run on each engine, per seed (final held-out accuracy, run k3, wall
   seconds), and the seed mean of the accuracy with its 95% t-interval where there are >= 2 seeds."""
-  from opd_jax.experiments.intervals import t_interval
   body = []
   for point in dict.fromkeys(r["point"] for r in rows):
     mine = sorted((r for r in rows if r["point"] == point and r["status"] == "ok"), key=lambda r: r["seed"])
     accuracy = [r["final_accuracy"] for r in mine]
-    mean = f"{sum(accuracy) / len(accuracy):.3f}"
-    if len(accuracy) >= 2:
-      lo, hi = t_interval(accuracy)
-      mean += f" [{lo:.3f}, {hi:.3f}]"
+    mean = mean_cell(accuracy, collapse=False)
     body.append([point, ", ".join(str(r["seed"]) for r in mine), ", ".join(f"{a:.3f}" for a in accuracy), mean,
                  ", ".join(f"{r['mismatch']['mismatch/k3']:.1e}" for r in mine),
                  ", ".join(f"{r['wall_seconds']:.0f}" for r in mine)])

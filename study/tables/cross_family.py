@@ -21,8 +21,8 @@ import os
 from typing import NamedTuple
 
 from opd_jax.experiments.files import read_json, read_jsonl
-from opd_jax.experiments.intervals import T_INTERVAL, t_interval
-from study.tables.markdown import md_table
+from opd_jax.experiments.intervals import T_INTERVAL
+from study.tables.markdown import md_table, mean_cell
 from study.tables.real_pair import seed_folders
 
 RUN = os.path.join("gemma3", "s2g_run")
@@ -63,11 +63,7 @@ PROBES = (("trained: held-out capitals, zero-shot, question line", "behaviour", 
 
 
 def _cell(values: list[float], digits) -> str:
-  show = (lambda x: f"{100 * x:.1f}%") if digits is None else (lambda x: f"{x:.{digits}f}")
-  if len(values) < 2 or max(values) - min(values) < 1e-9:
-    return show(values[0])
-  lo, hi = t_interval(values)
-  return f"{show(sum(values) / len(values))} [{show(lo)}, {show(hi)}]"
+  return mean_cell(values, (lambda x: f"{100 * x:.1f}%") if digits is None else (lambda x: f"{x:.{digits}f}"))
 
 
 def _count(result: dict) -> str:

@@ -9,7 +9,7 @@ import glob
 import os
 
 from opd_jax.experiments.files import read_jsonl
-from study.tables.markdown import md_table
+from study.tables.markdown import md_table, mean_cell
 
 SOURCES: dict[str, str] = {}
 PER_SPAN = "cross_tokenizer/student_tokens_per_span"
@@ -21,12 +21,7 @@ OBJECTIVES = {"baseline": "reverse_kl: next-character marginals at span starts",
 
 
 def _mean(values: list[float]) -> str:
-  from opd_jax.experiments.intervals import t_interval
-  text = f"{sum(values) / len(values):.3f}"
-  if len(values) >= 2:
-    lo, hi = t_interval(values)
-    text += f" [{lo:.3f}, {hi:.3f}]"
-  return text
+  return mean_cell(values, collapse=False)
 
 
 def comparison_table(rows: list[dict]) -> str:

@@ -4,6 +4,7 @@ share."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 
 def md_table(header: list[str], body: list[list[str]]) -> str:
@@ -16,3 +17,13 @@ def md_table(header: list[str], body: list[list[str]]) -> str:
 def g3(x) -> str:
   """Three significant digits; n/a for a missing or NaN value."""
   return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def mean_cell(values: list[float], show: Callable[[float], str] = lambda x: f"{x:.3f}", collapse: bool = True) -> str:
+  """The seed mean of `values` and its 95% t-interval, "mean [lo, hi]", each number written by `show`; one value
+  alone for a single seed, or (collapse) where every seed gives the same (a greedy evaluation of the same weights)."""
+  from opd_jax.experiments.intervals import t_interval
+  if len(values) < 2 or collapse and max(values) - min(values) < 1e-9:
+    return show(values[0])
+  lo, hi = t_interval(values)
+  return f"{show(sum(values) / len(values))} [{show(lo)}, {show(hi)}]"
