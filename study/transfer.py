@@ -2,7 +2,8 @@
 and what its own calibration cost against one training run.
 
   python -m study.transfer --validation=results/smollm2/validation/validation.json --budget=results/budget.json \
-      --main_run=results/smollm2/run/seed0/time.json --main_run=... --out=results/smollm2/validation/transfer.json
+      --main_run=results/smollm2/run_v4_beta0.5/seed0/time.json --main_run=... \
+      --out=results/smollm2/validation/transfer.json
 
 --validation is study/report.py --validate's file for the pair (rows judged with the pair's own budget file);
 --budget the other file (the embedded pairs' pooled budget and factor); --main_run the time.json of each seed of the

@@ -7,8 +7,10 @@ import numpy as np
 from opd_jax.experiments.intervals import t_interval
 
 
-def _write(folder, first_kl, last_kl, accuracy, k3=None):
+def _write(folder, first_kl, last_kl, accuracy, k3=None, config=None):
   folder.mkdir(parents=True)
+  if config is not None:
+    (folder / "config.json").write_text(json.dumps(config))
   evaluation = lambda step, kl, acc: {"step": step, "eval/reverse_kl": kl, "eval/accuracy": acc, "eval/at_cap": 0.25,
                                       "eval/repetition": 0.125}
   rows = [evaluation(0, first_kl, 0.0)]
@@ -44,3 +46,31 @@ def test_no_table_without_recipe_runs(tmp_path):
   from study.tables import real_recipes
   _write(tmp_path / "smollm2" / "run" / "seed0", 1.8, 0.7, 0.5)
   assert real_recipes.tables(str(tmp_path)) == {}
+
+
+def test_a_recipe_takes_the_main_run_trained_at_its_own_settings(tmp_path):
+  """After the main config moves (GKD beta 0.5 -> 0.7), recipe runs that pinned 0.5 keep the old main runs as their
+  baselines; a recipe with no main run at its settings is refused with the culprit named."""
+  import pytest
+  from study.tables import real_recipes
+  root = tmp_path / "smollm2"
+  config = lambda beta, weights="none", every=150: {"seed": 0, "objective": {"name": "jsd", "beta": beta},
+                                                   "optimizer": {"learning_rate": 2e-4}, "train": {"steps": 300,
+                                                   "eval_every": every}, "rollout": {"weights": weights}}
+  _write(root / "run" / "seed0", 1.8, 0.6, 0.5, config=config(0.7))
+  _write(root / "run_v4_beta0.5" / "seed0", 1.8, 0.7, 0.5, config=config(0.5, every=75))
+  _write(root / "recipes_300" / "fp8" / "seed0", 1.8, 0.77, 0.5, k3=(0.01, 0.01), config=config(0.5, "fp8", 300))
+  row = real_recipes.tables(str(tmp_path))["smollm2 recipes at 300 steps"].splitlines()[2].split(" | ")
+  assert row[3] == "0.770 vs 0.700" and row[4] == "+10.0%"  # against the beta-0.5 run, not the beta-0.7 one
+  _write(root / "recipes_300" / "int4" / "seed0", 1.8, 0.9, 0.5, k3=(1.0, 1.0), config=config(0.3, "int4", 300))
+  with pytest.raises(ValueError, match=r"recipes_300/int4/seed0: no main run of seed 0"):
+    real_recipes.tables(str(tmp_path))
+
+
+def test_mean_cell_writes_the_seed_mean_and_its_t_interval_or_one_value():
+  """The one cell format every seed table shares (study/tables/markdown.mean_cell)."""
+  from study.tables.markdown import mean_cell
+  lo, hi = t_interval([0.5, 0.7, 0.6])
+  assert mean_cell([0.5, 0.7, 0.6]) == f"0.600 [{lo:.3f}, {hi:.3f}]" and lo < 0.5 and hi > 0.7
+  assert mean_cell([0.25, 0.25], lambda x: f"{100 * x:.1f}%") == "25.0%"  # the seeds agree: one value
+  assert mean_cell([0.25, 0.25], collapse=False) == "0.250 [0.250, 0.250]" and mean_cell([0.4]) == "0.400"

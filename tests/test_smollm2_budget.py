@@ -24,6 +24,8 @@ def test_the_sweep_trains_the_short_run_and_names_other_lengths():
   assert sweep.name == "smollm2_budget[seed=1]" and sweep.pairs == ("smollm2",)
   assert overrides["train.steps"] == campaign.SHORT_STEPS == 100 and overrides["train.eval_sampled"]
   assert overrides["seed"] == 1 and overrides["rollout.noise_seed"] == 1
+  # What the shipped calibration runs trained at, whatever configs/smollm2.py's main run moves to.
+  assert overrides["optimizer.learning_rate"] == 1e-4 and overrides["objective.beta"] == 0.5
   assert campaign.get_config("steps=300").name == "smollm2_budget[steps=300]"
   recipe = dict(campaign.CALIBRATION)["w_fp8_recipe"]
   assert recipe[0][0] == "rollout.weight_rules" and recipe[0][1][-1][1] == "fp8_e4m3"

@@ -115,8 +115,8 @@ def test_a_student_relearns_to_stop_only_with_teacher_endings_in_its_rows_and_a_
     teacher ending);
   - with data.mix drawing the short prompts half the time, but exact reverse KL: still at the cap (its gradient
     on the EOS logit is proportional to the student's own EOS probability, here ~0);
-  - with the mix and JSD (beta 0.5, the shipped SmolLM2 objective): it ends most of them (measured 0.59 at the
-    cap, accuracy 0.91)."""
+  - with the mix and JSD (beta 0.5, the SmolLM2 objective of the fix; 0.7 since): it ends most of them (measured
+    0.59 at the cap, accuracy 0.91)."""
   import json
   import random
   import shutil

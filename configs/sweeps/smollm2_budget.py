@@ -74,10 +74,10 @@ HELDOUT_RULE = ("Screen every HELDOUT_POOL recipe with launch/admit.py --candida
                 "near-below, the first near-above, one more near (either side), the first far-below and the first "
                 "far-above: 5 points. Fewer than that available is reported as it is, not filled from elsewhere.")
 # The real pair's quality is its reverse KL on its own samples: keep the sampled evaluation, at the config's size.
-# The learning rate every calibration and validation run trained at, pinned here so a later change to
-# configs/smollm2.py's main run does not change what the budget is for.
+# The learning rate and GKD beta every calibration and validation run trained at, pinned here so a later change to
+# configs/smollm2.py's main run (2e-4, then beta 0.7) does not change what the budget is for.
 EVALUATION = (("train.eval_sampled", True), ("train.eval_size", 96), ("train.log_every", 5),
-              ("optimizer.learning_rate", 1e-4))
+              ("optimizer.learning_rate", 1e-4), ("objective.beta", 0.5))
 
 
 def get_config(arg=None):

@@ -3,9 +3,11 @@ files under results/smollm2/ (how each is made is in docs/real_pair.md):
 
   run/seed<S>/metrics.jsonl, samples.jsonl, time.json
                                          the main command's run at seeds 0, 1, 2 (launch/train.py
-                                         --config=configs/smollm2.py --config.seed=S; learning rate 2e-4)
-  run_v3_lr1e-4/seed<S>/                 the previous main config (learning rate 1e-4, seeds 0, 1, 2)
-  run_v2_150_steps/                      the one before (150 steps, one seed)
+                                         --config=configs/smollm2.py --config.seed=S; GKD beta 0.7, learning rate
+                                         2e-4)
+  run_v4_beta0.5/seed<S>/                the previous main config (beta 0.5, seeds 0, 1, 2)
+  run_v3_lr1e-4/seed<S>/                 the one before (beta 0.5, learning rate 1e-4, seeds 0, 1, 2)
+  run_v2_150_steps/                      the one before that (150 steps, one seed)
   depth/L<N>.jsonl                       step-0 evaluations of students pruned to N layers (train.steps=0)
   depth/L<N>_prune.json                  the pruning record of that student (prune.json of its directory)
   prune.json                             layer-selection schedules side by side (launch/bench/prune.py)
@@ -13,6 +15,7 @@ files under results/smollm2/ (how each is made is in docs/real_pair.md):
   sensitivity_<precision>.json           launch/sensitivity.py on the real pair (recipe_<precision>.json: its recipe)
   recipes.jsonl                          configs/sweeps/smollm2.py (recipes trained on the real pair)
   loops/<student>.json                   study/loops.py: both models' probability of the greedy token in loops
+                                         (run_v*/loops/: the same on the earlier configs' students)
   campaign/smollm2_budget_seed<S>.jsonl  configs/sweeps/smollm2_budget.py: the budget's calibration points, per seed
                                          (rendered once every point of every seed of the plan has finished)
 """
@@ -24,9 +27,9 @@ import os
 import re
 
 from opd_jax.experiments.files import read_json, read_jsonl, read_results
-from opd_jax.experiments.intervals import T_INTERVAL, t_interval
+from opd_jax.experiments.intervals import T_INTERVAL
 from opd_jax.experiments.sweep import fill_deltas
-from study.tables.markdown import md_table
+from study.tables.markdown import md_table, mean_cell
 
 
 def _f(x, digits: int = 3) -> str:
@@ -58,10 +61,7 @@ def _value(x, digits) -> str:
 
 def _across(values: list[float], digits) -> str:
   """One value if the seeds agree (a greedy evaluation of the same weights), else the mean and its t-interval."""
-  if max(values) - min(values) < 1e-9:
-    return _value(values[0], digits)
-  lo, hi = t_interval(values)
-  return f"{_value(sum(values) / len(values), digits)} [{_value(lo, digits)}, {_value(hi, digits)}]"
+  return mean_cell(values, lambda x: _value(x, digits))
 
 
 def distillation_table(runs: list[list[dict]]) -> str:
@@ -102,8 +102,9 @@ def goals_table(runs: list[list[dict]]) -> str:
     mean = sum(values) / len(values)
     body.append([label, _value(teacher, digits), goal, _across(values, digits), "yes" if met(mean, teacher) else "no"])
   ratio = [last["eval/reverse_kl"] / first["eval/reverse_kl"] for first, last in zip(firsts, lasts)]
-  body.append(["held-out reverse KL, distilled / pruned", "", "at most 40%", _across(ratio, None),
-               "yes" if sum(ratio) / len(ratio) <= 0.40 else "no"])
+  # Two decimals: a seed mean just past 40% must not read as "40.0% ... no".
+  body.append(["held-out reverse KL, distilled / pruned", "", "at most 40%",
+               mean_cell(ratio, lambda x: f"{100 * x:.2f}%"), "yes" if sum(ratio) / len(ratio) <= 0.40 else "no"])
   return md_table(["goal (seed mean)", "teacher", "goal", f"distilled ({len(runs)} seeds)", "met"], body)
 
 
@@ -253,7 +254,9 @@ def loops_table(reports: list[dict]) -> str:
   inside the loops and elsewhere in those responses."""
   cell = lambda s: f"{s['mean']:.3f} ({s['median']:.3f})"
   seed = lambda r: (m.group(1) if (m := re.search(r"seed(\d+)", r["samples"])) else "?")
-  name = lambda r: "pruned (step 0)" if r["step"] == 0 else f"distilled (step {r['step']}, seed {seed(r)})"
+  run = lambda r: (m.group(1) if (m := re.search(r"smollm2/([^/]+)/seed", r["samples"])) else "?")
+  name = lambda r: ("pruned (step 0)" if r["step"] == 0 else
+                    f"distilled (step {r['step']}, seed {seed(r)})" + ("" if run(r) == "run" else f", `{run(r)}`"))
   body = [[name(r), f"{r['looping']} of {r['responses']}",
            str(r["in_loop"]["student"]["tokens"]), cell(r["in_loop"]["student"]), cell(r["in_loop"]["teacher"]),
            cell(r["elsewhere"]["student"]), cell(r["elsewhere"]["teacher"])] for r in reports]
@@ -313,10 +316,15 @@ def tables(results_dir: str) -> dict[str, str]:
       scans[scan["precision"]] = scan
   if scans:
     out["smollm2 sensitivity"] = sensitivity_table(scans)
-  loops = os.path.join(root, "loops")
-  if os.path.isdir(loops):
-    reports = [read_json(os.path.join(loops, f), "loops file") for f in sorted(os.listdir(loops)) if f.endswith(".json")]
-    out["smollm2 loops"] = loops_table(sorted(reports, key=lambda r: (r["step"], r["samples"])))
+  # Today's students (loops/), then the earlier configs' (run_v*/loops/, newest first; their pruned row is the same).
+  earlier = sorted((os.path.join(n, "loops") for n in os.listdir(root) if n.startswith("run_v")), reverse=True)
+  reports = []
+  for i, loops in enumerate(f for f in ["loops"] + earlier if os.path.isdir(os.path.join(root, f))):
+    names = sorted(f for f in os.listdir(os.path.join(root, loops)) if f.endswith(".json"))
+    found = [read_json(os.path.join(root, loops, f), "loops file") for f in names]
+    reports += sorted((r for r in found if i == 0 or r["step"] > 0), key=lambda r: (r["step"], r["samples"]))
+  if reports:
+    out["smollm2 loops"] = loops_table(reports)
   if os.path.exists(os.path.join(root, "recipes.jsonl")):
     out["smollm2 recipes"] = recipes_table(read_results(os.path.join(root, "recipes.jsonl")))
   campaign = _campaign(root)
