@@ -78,10 +78,11 @@ def get_config(arg=None):
   # tests/test_stopping.py shows both halves at tiny scale). The forward half of the JSD pulls toward the
   # teacher's end-of-turn mass whatever the student's.
   c.objective.name = "jsd"
-  # 0.7, not 0.5: leaning further toward reverse KL (beta 1) while keeping 0.3 of the forward half moved every seed
-  # mean toward the teacher on seeds 0-2: reverse KL 40.66% -> 40.02% of the pruned student's, repetition 17.7% ->
-  # 16.3% (results/smollm2/run/ against results/smollm2/run_v4_beta0.5/), though the paired change of the reverse KL
-  # (-1.6% [-7.7%, +4.5%]) is inside the seed noise. The budget's runs and the recipe runs pin 0.5.
+  # 0.7, not 0.5: leaning further toward reverse KL (beta 1) while keeping 0.3 of the forward half moved the seed
+  # means of seeds 0-2 toward the teacher: reverse KL 40.66% -> 40.02% of the pruned student's, repetition 17.7% ->
+  # 16.3%, teacher-forced KL and capitals too (results/smollm2/run/ against results/smollm2/run_v4_beta0.5/), though
+  # the paired change of the reverse KL (-1.6% [-7.7%, +4.5%]) is inside the seed noise. The budget's runs and the
+  # recipe runs pin 0.5.
   c.objective.beta = 0.7
   # 2e-4, not 1e-4: on seeds 0-2 greedy repetition 22.2% -> 17.7% and held-out reverse KL 42.1% -> 40.7% of the
   # pruned student's (seed means, at beta 0.5; results/smollm2/run_v4_beta0.5/ against run_v3_lr1e-4/). The budget's
