@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from opd_jax.errors import InputError
 from opd_jax.experiments.files import read_json, read_jsonl
 from opd_jax.experiments.intervals import T_INTERVAL
 from study.tables.markdown import md_table, mean_cell
@@ -95,7 +96,7 @@ def baseline_folders(root: str, recipe: str, seeds: dict[int, str]) -> dict[int,
     candidates = [dict(seed_folders(os.path.join(root, name))).get(seed) for name in mains]
     found = [c for c in candidates if c and _settings(c) == wanted]
     if not found:
-      raise ValueError(f"recipes_300/{recipe}/seed{seed}: no main run of seed {seed} under {root}/run*/ trained at its "
+      raise InputError(f"recipes_300/{recipe}/seed{seed}: no main run of seed {seed} under {root}/run*/ trained at its "
                        f"settings ({', '.join(_MATCH)}); ship that baseline run beside it")
     out[seed] = found[0]
   return out
