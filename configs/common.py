@@ -228,13 +228,19 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # this many in a row the run stops with exit code 1, keeping its last good checkpoint.
   c.train.max_skipped_steps = 10
   # glibc malloc arenas (Linux; 0 = glibc's default of 8 per core), set by launch/train.py before jax starts:
-  # bounds the freed memory threads keep, so the peak RSS varies less between runs (opd_jax/train/malloc.py)
-  c.train.malloc_arena_max = 2
+  # bounds the freed memory threads keep, so the peak RSS varies less between runs; 1, which malloc_keep_freed
+  # needs (opd_jax/train/malloc.py)
+  c.train.malloc_arena_max = 1
   # glibc malloc asks for transparent huge pages (GLIBC_TUNABLES glibc.malloc.hugetlb=1; launch/train.py starts
   # itself once more with it): a step's large temporaries are not page-faulted in 4 KiB at a time; the real
   # pair's train step ran about 1.5x faster on 2 cores (opd_jax/train/malloc.py). A GLIBC_TUNABLES that names
   # glibc.malloc.hugetlb itself wins.
   c.train.malloc_huge_pages = True
+  # glibc malloc keeps freed memory (GLIBC_TUNABLES glibc.malloc.mmap_max=0 and a 1 TiB trim_threshold, added like
+  # the huge pages): each step reuses the last step's pages instead of faulting in fresh zeroed ones. The real
+  # pair's loop ran about 1.6x faster on 2 cores, with a higher peak RSS (results/bench/malloc.json); the process
+  # keeps its high-water mark until it exits. A GLIBC_TUNABLES that names either tunable itself wins.
+  c.train.malloc_keep_freed = True
   # At the end of training the student is written to workdir/export as an HF checkpoint (safetensors, config,
   # generation config, tokenizer) in this dtype: float32 (the master params) | bfloat16 | "" = no export.
   # Any checkpointed step: python launch/export.py --workdir=W [--step=N] --out=DIR.

@@ -27,9 +27,11 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", config.pair)
   from opd_jax.train import malloc
-  _cli.run_or_exit(lambda: malloc.use_huge_pages(config.train.malloc_huge_pages))  # may start over, with it
+  t = config.train
+  # may start over, with the tunables in its environment
+  _cli.run_or_exit(lambda: malloc.use_tunables(t.malloc_huge_pages, t.malloc_keep_freed, t.malloc_arena_max))
   from opd_jax.train import distributed
-  _cli.run_or_exit(lambda: malloc.cap_arenas(config.train.malloc_arena_max))  # before jax starts its threads
+  _cli.run_or_exit(lambda: malloc.cap_arenas(t.malloc_arena_max))  # before jax starts its threads
   d = config.distributed
   _cli.run_or_exit(lambda: distributed.initialize(d.coordinator, d.num_processes, d.process_id))
   _cli.log_devices(workdir)

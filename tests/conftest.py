@@ -39,10 +39,12 @@ if "PYTEST_XDIST_WORKER" not in os.environ or "OPD_JAX_TEST_XLA_FLAGS" not in os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-# Commands the tests start begin with the glibc tunable launch/train.py would re-execute itself to add
-# (opd_jax/train/malloc.py, train.malloc_huge_pages): the same process settings, without a second interpreter
-# start and import (~2 s per command). tests/test_memory_plan.py tests the re-execution with its own environment.
-os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+# Commands the tests start begin with the glibc tunables launch/train.py would re-execute itself to add
+# (opd_jax/train/malloc.py, train.malloc_huge_pages and malloc_keep_freed): the same process settings, without a
+# second interpreter start and import (~2 s per command). tests/test_memory_plan.py tests the re-execution with
+# its own environment.
+os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
+                      "glibc.malloc.trim_threshold=1099511627776")
 
 import atexit  # noqa: E402
 import shutil  # noqa: E402

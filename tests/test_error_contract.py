@@ -51,6 +51,7 @@ CASES = [
     ("train_jsonl_missing", *TRAIN, "--config.data.source=jsonl", "data.train_file"),
     ("train_placement", *TRAIN, "--config.rollout.placement=remote", "rollout.placement"),
     ("train_malloc_arenas", *TRAIN, "--config.train.malloc_arena_max=-2", "train.malloc_arena_max must be"),
+    ("train_malloc_keep_freed", *TRAIN, "--config.train.malloc_arena_max=2", "malloc_keep_freed=True needs"),
     ("train_mix_spec", *TRAIN, "--config.data.mix=chat", "data.mix: 'chat' is not 'source=weight'"),
     ("train_mix_no_source", *TRAIN, "--config.data.mix=chat=1", "training prompts have no \"source\""),
     ("train_prompt_format", *TRAIN, "--config.data.prompt_format=Q: {{question}}", "data.prompt_format='Q: {question}'"

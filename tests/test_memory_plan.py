@@ -259,34 +259,45 @@ def test_malloc_arena_cap_is_set_and_checked():
       malloc.cap_arenas(bad)
 
 
-def test_huge_page_malloc_restarts_the_process_once_with_the_tunable(tmp_path):
-  """use_huge_pages(True) re-executes the script with GLIBC_TUNABLES holding glibc.malloc.hugetlb=1 (kept beside
-  the user's other tunables); a user's own hugetlb setting wins; False changes nothing."""
+def test_malloc_tunables_restart_the_process_once_with_them(tmp_path):
+  """use_tunables re-executes the script once with GLIBC_TUNABLES holding hugetlb=1 and the keep-freed pair (kept
+  beside the user's other tunables); a tunable the user names wins; all off changes nothing; keeping freed memory
+  with more than one arena is refused (a thread's own arena would map large blocks afresh anyway)."""
   import subprocess
   from opd_jax.train import malloc
   script = ("import os, sys; sys.path.insert(0, {root!r}); from opd_jax.train import malloc; "
             "print('start', os.environ.get('GLIBC_TUNABLES', ''), flush=True); "
-            "print('on', malloc.use_huge_pages({on}))")
+            "print('on', ','.join(malloc.use_tunables({huge}, {keep}, 1)))")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-  def run(on, tunables):
+  def run(huge, keep, tunables):
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env.update({"GLIBC_TUNABLES": tunables} if tunables else {})
     path = tmp_path / "script.py"
-    path.write_text(script.format(root=root, on=on).replace("; ", "\n"))
+    path.write_text(script.format(root=root, huge=huge, keep=keep).replace("; ", "\n"))
     out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.split("\n")[:-1]
 
+  keep = ":".join(malloc.KEEP_FREED)
   if not (sys.platform == "linux" and malloc._glibc_at_least(2, 35)):
-    assert run(True, "") == ["start ", "on False"]
+    assert run(True, True, "") == ["start ", "on "]
     return
-  assert run(True, "glibc.malloc.arena_max=2") == [
-      "start glibc.malloc.arena_max=2", "start glibc.malloc.arena_max=2:" + malloc.HUGETLB, "on True"]
-  assert run(True, "glibc.malloc.hugetlb=0") == ["start glibc.malloc.hugetlb=0", "on False"]
-  assert run(False, "") == ["start ", "on False"]
+  assert run(True, False, "glibc.malloc.arena_max=2") == [
+      "start glibc.malloc.arena_max=2", "start glibc.malloc.arena_max=2:" + malloc.HUGETLB, "on " + malloc.HUGETLB]
+  assert run(True, True, "") == [
+      "start ", f"start {malloc.HUGETLB}:{keep}", "on " + ",".join((malloc.HUGETLB, *malloc.KEEP_FREED))]
+  # the user's hugetlb=0 and mmap_max=4 win; only the trim threshold is added
+  assert run(True, True, "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=4") == [
+      "start glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=4",
+      "start glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=4:" + malloc.KEEP_FREED[1], "on " + malloc.KEEP_FREED[1]]
+  assert run(False, False, "") == ["start ", "on "]
   with pytest.raises(Exception, match="train.malloc_huge_pages must be True or False"):
-    malloc.use_huge_pages("yes")
+    malloc.use_tunables("yes", False, 1)
+  with pytest.raises(Exception, match="train.malloc_keep_freed must be True or False"):
+    malloc.use_tunables(True, 1, 1)
+  with pytest.raises(Exception, match="malloc_keep_freed=True needs train.malloc_arena_max=1"):
+    malloc.use_tunables(True, True, 2)
 
 
 @pytest.mark.slow

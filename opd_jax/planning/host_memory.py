@@ -16,12 +16,14 @@ CPU backend, where device buffers are host memory, the peak RSS of a run is the 
 No term is fitted: the first two are measured by compiling (never running) the run's programs, the last two
 come from XLA's buffer assignment. Known bias: the run interleaves its compiles with executions whose buffers
 keep part of the compiler's freed memory from being reused, while the child compiles back to back, so the
-prediction runs low (pair1: 1.16 GB predicted, 1.32-1.38 GB measured without the compilation cache;
+prediction runs low (pair1: 1.14-1.16 GB predicted, 1.32-1.38 GB measured without the compilation cache;
 results/host_rss.jsonl has the shipped comparisons). It assumes the run compiles every program itself: a
 warm persistent compilation cache lowers the compile term (the same pair1 run peaked at 1.13 GB with it). It
 also assumes a bounded allocator retention, which `train.malloc_arena_max` (glibc's arena cap, applied at
-the start of launch/train.py) helps: without the cache, 60-step pair1 runs peaked at 1.32-1.37 GB in four
-capped runs and at 1.35 and 1.46 GB in two with glibc's default (GB = 1e9 bytes). Not counted yet: on CPU the
+the start of launch/train.py) helps: without the cache, 60-step pair1 runs peaked at 1.32-1.37 GB in four runs
+capped at two arenas and at 1.35 and 1.46 GB in two with glibc's default (GB = 1e9 bytes). With one arena and
+freed memory kept (`train.malloc_keep_freed`, today's defaults) the process keeps its high-water mark; pair1's
+run peaked at 1.34 GB (results/host_rss.jsonl). Not counted yet: on CPU the
 sampler decodes from a dense per-layer copy of its weights made once per call (rollout.weight_layout=auto ->
 dense_layers), while the plan compiles the accelerator layout (stored), so a CPU run can peak one sampler-weight
 copy (in the learner's dtype) above the prediction.

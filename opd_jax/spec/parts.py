@@ -149,8 +149,9 @@ class TrainSpec:
   micro_batch_size: int = 0
   progress_bar: bool = True
   max_skipped_steps: int = 10
-  malloc_arena_max: int = 2
+  malloc_arena_max: int = 1
   malloc_huge_pages: bool = True
+  malloc_keep_freed: bool = True
   export_dtype: str = "float32"
 
   @classmethod

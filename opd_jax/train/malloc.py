@@ -1,10 +1,10 @@
-"""glibc's malloc settings for a training process (Linux): the arena cap and transparent huge pages.
+"""glibc's malloc settings for a training process (Linux): the arena cap, huge pages, and keeping freed memory.
 
 glibc gives each thread that contends for the heap an arena of its own, up to 8 per core, and memory a thread
 frees stays in its arena, so how much freed memory a run keeps depends on thread timing. On pair1 (60 steps,
-the same numbers every time, no compilation cache) capped runs peaked at 1.32-1.37 GB (four runs) and runs with
-glibc's default at 1.35 and 1.46 GB (GB = 1e9 bytes), in the same time within this host's noise. A bounded retention is what
-lets the planner predict host memory (opd_jax/planning/host_memory.py).
+the same numbers every time, no compilation cache) runs capped at two arenas peaked at 1.32-1.37 GB (four runs)
+and runs with glibc's default at 1.35 and 1.46 GB (GB = 1e9 bytes), in the same time within this host's noise. A
+bounded retention is what lets the planner predict host memory (opd_jax/planning/host_memory.py).
 `cap_arenas` must run before jax starts its thread pools (launch/train.py calls it first).
 
 Huge pages: XLA:CPU allocates a step's temporaries with malloc, and glibc serves every large block with a fresh
@@ -12,7 +12,17 @@ mmap, so each step page-faults its temporaries in 4 KiB at a time (the kernel ze
 `glibc.malloc.hugetlb=1` tunable (glibc >= 2.35) malloc asks for transparent huge pages (madvise), and the real
 pair's train step ran in 6.0 / 6.6 s against 10.1 / 9.3 s without it (launch/bench/learner.py --configs=smollm2,
 runs interleaved ABBA, 2-core host; docs/benchmarks.md). Tunables are read when a process starts, so
-`use_huge_pages` re-executes the launch script once with the tunable added (before jax is imported).
+`use_tunables` re-executes the launch script once with the tunables added (before jax is imported).
+
+Keeping freed memory: huge pages made each fault cheaper, not rarer. In 12 s (about a step) a real-pair run
+mmapped 2.3 GB of fresh blocks (one of 2.0 GB; strace) and unmapped them again, and on days when this host's
+kernel zeroed pages slowly, 58% of the training process's samples were in `clear_page_erms` (perf, 10 s, at
+13-14 s per step).
+With `glibc.malloc.mmap_max=0` and a 1 TiB `glibc.malloc.trim_threshold`, malloc serves large blocks from its
+heap and keeps what is freed, so the next step reuses the same pages without faulting them in. A thread's own
+arena cannot hold a block over 64 MiB and maps it anyway, so this needs one arena (`train.malloc_arena_max=1`).
+The cost: the process keeps its high-water mark until it exits. launch/bench/malloc.py measures both settings
+side by side on the whole loop (results/bench/malloc.json; docs/benchmarks.md has the table).
 """
 
 from __future__ import annotations
@@ -28,10 +38,14 @@ from opd_jax.errors import InputError
 _M_ARENA_MAX = -8  # mallopt parameter number, from glibc's malloc.h
 
 
-def cap_arenas(arenas: int) -> bool:
-  """mallopt(M_ARENA_MAX, arenas); 0 keeps glibc's default. Returns whether the cap was set (False off glibc)."""
+def _check_arenas(arenas: int) -> None:
   if isinstance(arenas, bool) or not isinstance(arenas, int) or arenas < 0:
     raise InputError(f"train.malloc_arena_max must be an integer >= 0 (0 = glibc's default), got {arenas!r}")
+
+
+def cap_arenas(arenas: int) -> bool:
+  """mallopt(M_ARENA_MAX, arenas); 0 keeps glibc's default. Returns whether the cap was set (False off glibc)."""
+  _check_arenas(arenas)
   if not arenas:
     return False
   name = ctypes.util.find_library("c")
@@ -43,6 +57,8 @@ def cap_arenas(arenas: int) -> bool:
 
 
 HUGETLB = "glibc.malloc.hugetlb=1"  # glibc tunable: malloc madvises transparent huge pages for its memory
+# glibc tunables: no block gets its own mmap, and freed memory at the heap's top is kept up to 1 TiB (not trimmed)
+KEEP_FREED = ("glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1099511627776")
 
 
 def _glibc_at_least(major: int, minor: int) -> bool:
@@ -52,24 +68,37 @@ def _glibc_at_least(major: int, minor: int) -> bool:
   return tuple(int(x) for x in version.split(".")[:2]) >= (major, minor)
 
 
-def use_huge_pages(enabled: bool) -> bool:
-  """Re-executes this process (same interpreter and argv) with GLIBC_TUNABLES holding glibc.malloc.hugetlb=1,
-  unless it is off, already set by the user (who then decides), or not glibc >= 2.35 on Linux. Returns whether
-  the tunable is in effect; call it before jax is imported, since the process starts over."""
-  if not isinstance(enabled, bool):
-    raise InputError(f"train.malloc_huge_pages must be True or False, got {enabled!r}")
+def _name(tunable: str) -> str:
+  return tunable.split("=", 1)[0]
+
+
+def use_tunables(huge_pages: bool, keep_freed: bool, arena_max: int) -> tuple[str, ...]:
+  """Re-executes this process (same interpreter and argv) with GLIBC_TUNABLES holding HUGETLB (if huge_pages)
+  and KEEP_FREED (if keep_freed), beside the user's own tunables; a tunable the user names wins. Nothing happens
+  off glibc >= 2.35 on Linux. Returns the tunables of ours in effect. Call it before jax is imported: the
+  process starts over. keep_freed needs arena_max == 1 (opd_jax/train/malloc.py says why)."""
+  for field, value in (("malloc_huge_pages", huge_pages), ("malloc_keep_freed", keep_freed)):
+    if not isinstance(value, bool):
+      raise InputError(f"train.{field} must be True or False, got {value!r}")
+  _check_arenas(arena_max)
+  if keep_freed and arena_max != 1:
+    raise InputError(f"train.malloc_keep_freed=True needs train.malloc_arena_max=1 (got {arena_max!r}): a thread's "
+                     "own arena maps blocks over 64 MiB afresh anyway; set malloc_arena_max=1 or "
+                     "malloc_keep_freed=False")
   tunables = os.environ.get("GLIBC_TUNABLES", "")
-  if "glibc.malloc.hugetlb" in tunables:
-    return HUGETLB in tunables.split(":")
-  if not enabled or sys.platform != "linux" or not _glibc_at_least(2, 35):
-    return False
+  present = tunables.split(":") if tunables else []
+  wanted = ((HUGETLB,) if huge_pages else ()) + (KEEP_FREED if keep_freed else ())
+  missing = [t for t in wanted if _name(t) not in {_name(p) for p in present}]
+  ours = tuple(t for t in (HUGETLB, *KEEP_FREED) if t in present)
+  if not missing or sys.platform != "linux" or not _glibc_at_least(2, 35):
+    return ours
   spec = getattr(sys.modules.get("__main__"), "__spec__", None)
   if spec is not None:  # python -m package.module
     argv = [sys.executable, "-m", spec.name, *sys.argv[1:]]
   elif os.path.isfile(sys.argv[0]):  # python script.py
     argv = [sys.executable, *sys.argv]
   else:  # python -c / an embedded interpreter: nothing to start again
-    return False
-  os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, HUGETLB)))
+    return ours
+  os.environ["GLIBC_TUNABLES"] = ":".join(present + missing)
   sys.stdout.flush(), sys.stderr.flush()
   os.execv(sys.executable, argv)
