@@ -238,8 +238,8 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   c.train.malloc_huge_pages = True
   # glibc malloc keeps freed memory (GLIBC_TUNABLES glibc.malloc.mmap_max=0 and a 1 TiB trim_threshold, added like
   # the huge pages): each step reuses the last step's pages instead of faulting in fresh zeroed ones. The real
-  # pair's loop ran about 1.6x faster on 2 cores, with a higher peak RSS (results/bench/malloc.json); the process
-  # keeps its high-water mark until it exits. A GLIBC_TUNABLES that names either tunable itself wins.
+  # pair's loop ran 1.57x faster on 2 cores with a 13% higher peak RSS, pair1's 1.25x (results/bench/malloc*.json);
+  # the process keeps its high-water mark until it exits. A GLIBC_TUNABLES that names either tunable itself wins.
   c.train.malloc_keep_freed = True
   # At the end of training the student is written to workdir/export as an HF checkpoint (safetensors, config,
   # generation config, tokenizer) in this dtype: float32 (the master params) | bfloat16 | "" = no export.

@@ -96,8 +96,9 @@ def get_config(arg=None):
   c.train.steps = 300
   c.train.batch_size = 8
   c.train.logits_chunk = 512  # tokens per vocabulary chunk: 512 x 49,152 x 4 bytes = 100 MB of logits
-  # 4.5 to 8 s per step on 2 cores (sample 8 x 48 tokens, teacher scoring, update; 16 on a slowed day), as this
-  # machine's speed varies (results/smollm2/run_v4_beta0.5/step_time_check.json); an evaluation about 1.5 minutes
+  # 4.5 to 8 s per step on 2 cores (sample 8 x 48 tokens, teacher scoring, update), as this machine's speed varies
+  # (results/smollm2/run_v4_beta0.5/step_time_check.json); 12-16 s on days its kernel zeroed pages slowly, until
+  # train.malloc_keep_freed (7.5 s on such a day: results/bench/malloc.json); an evaluation about 1.5 minutes
   # (README has the measured wall time).
   c.train.log_every = 5
   c.train.eval_every = 150  # evaluations at steps 0, 150 and 300 (every 75 cost 3 more minutes a run)
