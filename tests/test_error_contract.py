@@ -83,6 +83,8 @@ CASES = [
     # bench/compare.py
     ("compare_no_rev", "launch/bench/compare.py", "--rev is required"),
     ("engine_bench_checkpoint", "launch/bench/engine.py", "--checkpoint={d}/none", "has no config.json"),
+    ("malloc_bench_steps", "launch/bench/malloc.py", "--steps=3", "--steps=3 leaves no step after --warmup=3"),
+    ("malloc_bench_out_folder", "launch/bench/malloc.py", "--out={d}/nope/m.json", "its folder does not exist"),
     ("engine_bench_out_folder", "launch/bench/engine.py", "--out={d}/nope/e.json", "folder"),
     ("compare_bad_rev", "launch/bench/compare.py", "--rev=no-such-revision", "give --rev as a commit"),
     # serve_teacher.py

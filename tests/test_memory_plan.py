@@ -301,6 +301,25 @@ def test_malloc_tunables_restart_the_process_once_with_them(tmp_path):
 
 
 @pytest.mark.slow
+def test_malloc_benchmark_runs_both_settings_with_the_same_numbers(tmp_path):
+  """launch/bench/malloc.py at toy size (pair1's smoke config): one run per setting, each with its own step times,
+  CPU time and peak RSS, and the same logged numbers in both (a malloc setting must not change the math)."""
+  out = tmp_path / "malloc.json"
+  proc = subprocess.run([sys.executable, "launch/bench/malloc.py", "--config=configs/pair1.py:runlocal", "--steps=4",
+                         "--warmup=2", "--rounds=1", f"--out={out}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert [r["variant"] for r in result["runs"]] == ["config", "baseline"]
+  for r in result["runs"]:
+    assert len(r["step_s"]) == 4 and r["step_s_mean"] > 0 and r["sys_s"] > 0 and r["peak_rss_bytes"] > 10**8
+  assert result["same_numbers"] is True
+  assert result["baseline_over_config"]["step_s_mean"] == pytest.approx(
+      result["median"]["baseline"]["step_s_mean"] / result["median"]["config"]["step_s_mean"])
+  assert "same numbers in every run: yes" in proc.stdout
+
+
+@pytest.mark.slow
 def test_host_rss_prediction_holds_for_a_run(tmp_path):
   """plan_memory.py --host_rss against the peak RSS of launch/train.py on the same config (pair1's smoke run),
   both without the persistent compilation cache (what a fresh machine does).

@@ -65,10 +65,15 @@ def run() -> None:
   if _STEPS.value <= _WARMUP.value:
     from opd_jax.errors import InputError
     raise InputError(f"--steps={_STEPS.value} leaves no step after --warmup={_WARMUP.value}; raise --steps")
+  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
+    from opd_jax.errors import InputError
+    raise InputError(f"--out={_OUT.value}: its folder does not exist; create it or give another path")
   variants = {"config": [], "baseline": shlex.split(_BASELINE.value)}
   scratch, runs = tempfile.mkdtemp(prefix="opd_bench_malloc_"), []
-  print(f"{_CONFIG.value}, {_STEPS.value} steps per run (mean of steps {_WARMUP.value + 1}+), commit "
-        f"{_cli.git(REPO, 'rev-parse', '--short=12', 'HEAD')}; baseline: {_BASELINE.value}")
+  commit = _cli.git(REPO, "rev-parse", "--short=12", "HEAD")
+  commit += "+dirty" if _cli.git(REPO, "status", "--porcelain", "--untracked-files=no") else ""
+  print(f"{_CONFIG.value}, {_STEPS.value} steps per run (mean of steps {_WARMUP.value + 1}+), commit {commit}; "
+        f"baseline: {_BASELINE.value}")
   print(f"{'run':<12} {'step s':>7} {'user s':>7} {'sys s':>7} {'peak RSS GB':>12}")
   for round_ in range(_ROUNDS.value):
     order = list(variants) if round_ % 2 == 0 else list(variants)[::-1]
@@ -91,7 +96,7 @@ def run() -> None:
     from opd_jax.files import write_json
     write_json(_OUT.value, {
         "bench": "malloc", "config": _CONFIG.value, "steps": _STEPS.value, "warmup": _WARMUP.value,
-        "baseline": _BASELINE.value, "commit": _cli.git(REPO, "rev-parse", "--short=12", "HEAD"),
+        "baseline": _BASELINE.value, "commit": commit,
         "runs": runs, "median": median, "baseline_over_config": ratio, "same_numbers": same})
 
 

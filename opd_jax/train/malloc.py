@@ -17,9 +17,9 @@ runs interleaved ABBA, 2-core host; docs/benchmarks.md). Tunables are read when 
 Keeping freed memory: huge pages made each fault cheaper, not rarer. In 12 s (about a step) a real-pair run
 mmapped 2.3 GB of fresh blocks (one of 2.0 GB; strace) and unmapped them again, and on days when this host's
 kernel zeroed pages slowly, 58% of the training process's samples were in `clear_page_erms` (perf, 10 s, at
-13-14 s per step).
-With `glibc.malloc.mmap_max=0` and a 1 TiB `glibc.malloc.trim_threshold`, malloc serves large blocks from its
-heap and keeps what is freed, so the next step reuses the same pages without faulting them in. A thread's own
+13-14 s per step). With `glibc.malloc.mmap_max=0` and a 1 TiB `glibc.malloc.trim_threshold`, malloc serves
+large blocks from its heap and keeps what is freed, so the next step reuses the same pages without faulting
+them in. A thread's own
 arena cannot hold a block over 64 MiB and maps it anyway, so this needs one arena (`train.malloc_arena_max=1`).
 The cost: the process keeps its high-water mark until it exits. launch/bench/malloc.py measures both settings
 side by side on the whole loop (results/bench/malloc.json; docs/benchmarks.md has the table).
