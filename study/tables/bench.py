@@ -144,8 +144,32 @@ def engine_capacity_table(result: dict) -> str:
                    "preempted", "paged rows (predicted)", "paged rows vs bf16", "tokens per byte vs bf16"], body)
 
 
+def malloc_table(results: list[dict]) -> str:
+  """launch/bench/malloc.py files: per config, the medians under its malloc settings and under the baseline's."""
+  body = []
+  for r in results:
+    config, base = r["median"]["config"], r["median"]["baseline"]
+    body.append([r["config"], str(r["steps"]), f"{config['step_s_mean']:.2f}", f"{base['step_s_mean']:.2f}",
+                 f"**{r['baseline_over_config']['step_s_mean']:.2f}x**",
+                 f"{config['sys_s']:.0f} vs {base['sys_s']:.0f}",
+                 f"{config['peak_rss_bytes'] / 1e9:.2f} vs {base['peak_rss_bytes'] / 1e9:.2f}",
+                 "yes" if r["same_numbers"] else "no"])
+  return md_table(["config", "steps", "keep freed (default): step s", "before: step s", "before / keep",
+                   "system CPU s", "peak RSS GB", "same numbers"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
   out = {}
+  malloc = sorted(glob.glob(os.path.join(results_dir, "bench", "malloc*.json")))
+  if malloc:
+    results = [read_json(path, "malloc benchmark file") for path in malloc]
+    title = "glibc malloc: freed memory kept vs returned"
+    out[title], SOURCES[title] = malloc_table(results), "results/bench/malloc*.json"
+    CAPTIONS[title] = ("launch/bench/malloc.py --config=CONFIG --steps=N --rounds=R: the whole loop under the "
+                       "config's malloc settings and the baseline's (" + results[0]["baseline"] + "), ABBA, "
+                       "each run compiling from scratch; mean step time after the first "
+                       f"{results[0]['warmup']} steps, medians over the runs; at "
+                       + ", ".join(sorted({r["commit"] for r in results})))
   for path in sorted(glob.glob(os.path.join(results_dir, "precision_floor_*.json"))):
     floor = read_json(path, "precision floor file")
     title = f"precision floor ({floor['pair']})"
