@@ -241,6 +241,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # pair's loop ran 1.57x faster on 2 cores with a 13% higher peak RSS, pair1's 1.25x (results/bench/malloc*.json);
   # the process keeps its high-water mark until it exits. A GLIBC_TUNABLES that names either tunable itself wins.
   c.train.malloc_keep_freed = True
+  # Each checkpoint save is waited for before the next step, and malloc_trim hands free memory back after each save
+  # and evaluation and before the export, so what those phases allocate does not stack on the kept heap
+  # (opd_jax/train/malloc.py; docs/benchmarks.md has the peak RSS with and without).
+  c.train.malloc_trim = True
   # At the end of training the student is written to workdir/export as an HF checkpoint (safetensors, config,
   # generation config, tokenizer) in this dtype: float32 (the master params) | bfloat16 | "" = no export.
   # Any checkpointed step: python launch/export.py --workdir=W [--step=N] --out=DIR.

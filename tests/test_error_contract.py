@@ -52,6 +52,7 @@ CASES = [
     ("train_placement", *TRAIN, "--config.rollout.placement=remote", "rollout.placement"),
     ("train_malloc_arenas", *TRAIN, "--config.train.malloc_arena_max=-2", "train.malloc_arena_max must be"),
     ("train_malloc_keep_freed", *TRAIN, "--config.train.malloc_arena_max=2", "malloc_keep_freed=True needs"),
+    ("train_malloc_trim", *TRAIN, "--config.train.malloc_trim=2", "flag --config.train.malloc_trim=2"),
     ("train_mix_spec", *TRAIN, "--config.data.mix=chat", "data.mix: 'chat' is not 'source=weight'"),
     ("train_mix_no_source", *TRAIN, "--config.data.mix=chat=1", "training prompts have no \"source\""),
     ("train_prompt_format", *TRAIN, "--config.data.prompt_format=Q: {{question}}", "data.prompt_format='Q: {question}'"

@@ -300,6 +300,39 @@ def test_malloc_tunables_restart_the_process_once_with_them(tmp_path):
     malloc.use_tunables(True, True, 2)
 
 
+def test_malloc_trim_hands_a_kept_heaps_free_pages_back():
+  """With freed memory kept (the training default), 400 MB written and freed stay resident until trim() runs."""
+  from opd_jax.train import malloc
+  if not (sys.platform == "linux" and malloc._glibc_at_least(2, 35)):
+    assert malloc.trim() in (True, False)
+    return
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = f"""import ctypes, sys
+sys.path.insert(0, {root!r})
+from opd_jax.train import malloc
+def rss():
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * 4096
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+keep = libc.malloc(1 << 20)  # allocated after the block: the freed block is not the heap's top
+block = libc.malloc(400 << 20)
+libc.malloc(1 << 20)  # a chunk above the block, so the freed block is a hole inside the heap
+ctypes.memset(block, 1, 400 << 20)
+before = rss()
+libc.free(ctypes.c_void_p(block))
+freed = rss()
+assert malloc.trim()
+print(before, freed, rss())
+"""
+  env = dict(os.environ, GLIBC_TUNABLES=":".join(malloc.KEEP_FREED))
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  before, freed, trimmed = (int(x) for x in out.stdout.split())
+  assert freed > before - (50 << 20)  # kept: free() gave (almost) nothing back
+  assert trimmed < freed - (350 << 20)  # trim() did
+
+
 @pytest.mark.slow
 def test_malloc_benchmark_runs_both_settings_with_the_same_numbers(tmp_path):
   """launch/bench/malloc.py at toy size (pair1's smoke config): one run per setting, each with its own step times,

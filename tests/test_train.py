@@ -166,6 +166,25 @@ def test_evaluations_do_not_change_the_training_trajectory(tiny_pair, tmp_path):
   assert len(trained[1]) == 4 and trained[1] == trained[4]
 
 
+def test_memory_is_trimmed_after_each_finished_save_and_evaluation(tiny_pair, tmp_path, monkeypatch):
+  """train.malloc_trim: malloc_trim runs after each evaluation and after each checkpoint save has finished (its
+  step directory is final), so a heap that keeps freed memory does not keep theirs; off, it never runs."""
+  from opd_jax.train import malloc
+  for on in (True, False):
+    calls, workdir = [], str(tmp_path / f"trim_{on}")
+    checkpoints = os.path.join(workdir, "checkpoints")
+    monkeypatch.setattr(malloc, "trim", lambda: calls.append(sorted(n for n in os.listdir(checkpoints)
+                                                                    if n.isdigit())) or True)
+    train(_config(tiny_pair, **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
+                                "train.checkpoint_every": 2, "train.malloc_trim": on}), workdir)
+    assert calls == ([[], ["2"], ["2"], ["2", "4"]] if on else [])
+  with pytest.raises(InputError, match="train.malloc_trim must be True or False, got 'yes'"):
+    config = _config(tiny_pair)
+    del config.train.malloc_trim
+    config.train.malloc_trim = "yes"  # as a config file could set it
+    RunSpec.from_config(config)
+
+
 def test_second_trainer_on_a_live_workdir_is_refused(tiny_pair, tmp_path):
   with WorkdirLock(str(tmp_path)):
     with pytest.raises(InputError, match=f"in use by pid {os.getpid()}"):

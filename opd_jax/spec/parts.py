@@ -152,6 +152,7 @@ class TrainSpec:
   malloc_arena_max: int = 1
   malloc_huge_pages: bool = True
   malloc_keep_freed: bool = True
+  malloc_trim: bool = True
   export_dtype: str = "float32"
 
   @classmethod
@@ -174,6 +175,8 @@ class TrainSpec:
     if t.micro_batch_size and t.batch_size % t.micro_batch_size:
       raise InputError(f"train.micro_batch_size={t.micro_batch_size} does not divide train.batch_size="
                        f"{t.batch_size}; pick a divisor (or 0 for no micro-batching)")
+    if not isinstance(t.malloc_trim, bool):
+      raise InputError(f"train.malloc_trim must be True or False, got {t.malloc_trim!r}")
     if t.eval_weights not in EVAL_WEIGHTS:
       raise InputError(f"train.eval_weights must be one of {EVAL_WEIGHTS}, got {t.eval_weights!r}")
     if t.export_dtype not in EXPORT_DTYPES:

@@ -18,6 +18,7 @@ from opd_jax.files import write_text
 from opd_jax.prepare.pair import prepare_pair
 from opd_jax.spec import RunSpec
 from opd_jax.train import distributed
+from opd_jax.train import malloc
 from opd_jax.train import served as served_lib
 from opd_jax.train.checkpoint.manager import Checkpointer
 from opd_jax.train.evaluator import Evaluator
@@ -62,6 +63,7 @@ def train(config, workdir: str) -> dict:
     interval, clock = Interval(run, writer, resumed.pending), _Clock(resumed.train_s)
     skip_guard = SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     reached, version = False, start_step
+    trim = (lambda: _trim(checkpointer)) if t.malloc_trim else (lambda: None)  # after saves and evaluations
 
     def log_row(version: int) -> None:
       writer.write(version, interval.row(state, data_state))
@@ -70,6 +72,7 @@ def train(config, workdir: str) -> dict:
       nonlocal final, reached
       start = time.time()
       final = evaluate(state.params, version)
+      trim()
       final["time/train_s"] = clock.train_s(start)
       writer.write(version, final)
       clock.pause(time.time() - start)
@@ -99,15 +102,24 @@ def train(config, workdir: str) -> dict:
         checkpointer.save(version, {"train": state, "snapshots": versions.snapshots.state_dict()},
                           run_meta(spec, step=version, data_state=data_state, pending=interval.pending,
                                    versions=versions, train_s=clock.train_s(time.time())))
+        trim()
       if stopping:
         break
     skip_guard.flush()
     if preemption.requested() and start_step < t.steps and version < t.steps:
       raise preemption.stopped(version, checkpointer.directory)
     if t.export_dtype and start_step < t.steps and version == t.steps:  # the student as an HF checkpoint
+      trim()
       export_student(run.graphdef, state.params, spec.pair.student, os.path.join(workdir, "export"),
                      spec.pair.tokenizer or None, dtype=t.export_dtype)
   return final
+
+
+def _trim(checkpointer: Checkpointer) -> None:
+  """Hands free memory back to the kernel once the save in flight is done, so that what a save or an evaluation
+  allocated does not stack on a heap that keeps freed memory (opd_jax/train/malloc.py)."""
+  checkpointer.finish_save()
+  malloc.trim()
 
 
 def _open_workdir(workdir: str, keep_checkpoints: int, stack: contextlib.ExitStack):

@@ -23,6 +23,12 @@ them in. A thread's own
 arena cannot hold a block over 64 MiB and maps it anyway, so this needs one arena (`train.malloc_arena_max=1`).
 The cost: the process keeps its high-water mark until it exits. launch/bench/malloc.py measures both settings
 side by side on the whole loop (results/bench/malloc.json; docs/benchmarks.md has the table).
+
+Trimming: a kept heap also keeps what phases other than the step allocate. An orbax save runs on threads of its
+own while the next step allocates, so its host buffers and the step's temporaries are live at once and the heap
+grows by both; an evaluation's generation buffers stay too. With `train.malloc_trim` the loop waits for each
+save to finish before the next step, and calls `trim` (malloc_trim(0): the free pages of every chunk go back to
+the kernel) after each save and evaluation and before the export; the next step faults its pool in once more.
 """
 
 from __future__ import annotations
@@ -54,6 +60,17 @@ def cap_arenas(arenas: int) -> bool:
   except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl without mallopt)
     return False
   return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+def trim() -> bool:
+  """malloc_trim(0): glibc hands the free pages of its heaps back to the kernel. False off glibc."""
+  name = ctypes.util.find_library("c")
+  try:
+    malloc_trim = ctypes.CDLL(name).malloc_trim
+  except (OSError, AttributeError, TypeError):  # not glibc
+    return False
+  malloc_trim(0)
+  return True
 
 
 HUGETLB = "glibc.malloc.hugetlb=1"  # glibc tunable: malloc madvises transparent huge pages for its memory

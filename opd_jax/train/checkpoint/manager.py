@@ -215,6 +215,10 @@ class Checkpointer:
       multihost_utils.sync_global_devices("opd_jax checkpoint fallback: damaged steps moved aside")
     self._manager.reload()
 
+  def finish_save(self) -> None:
+    """Waits for the saves in flight (not for their checksum manifests, which are hashed on their own thread)."""
+    self._seal()
+
   def wait(self) -> None:
     self._manager.wait_until_finished()
     self._seal()
