@@ -28,7 +28,9 @@ Trimming: a kept heap also keeps what phases other than the step allocate. An or
 own while the next step allocates, so its host buffers and the step's temporaries are live at once and the heap
 grows by both; an evaluation's generation buffers stay too. With `train.malloc_trim` the loop waits for each
 save to finish before the next step, and calls `trim` (malloc_trim(0): the free pages of every chunk go back to
-the kernel) after each save and evaluation and before the export; the next step faults its pool in once more.
+the kernel) after each save and evaluation and before the export; the next step faults its pool in once more. A
+30-step int4 real-pair run with a save every 5 steps peaked at 5.67 GB with it against 9.16 GB without, the steps
+after saves taking about 6 s more each (results/bench/rss_trim.json).
 """
 
 from __future__ import annotations
