@@ -30,7 +30,8 @@ grows by both; an evaluation's generation buffers stay too. With `train.malloc_t
 save to finish before the next step, and calls `trim` (malloc_trim(0): the free pages of every chunk go back to
 the kernel) after each save and evaluation and before the export; the next step faults its pool in once more. A
 30-step int4 real-pair run with a save every 5 steps peaked at 5.67 GB with it against 9.16 GB without, the steps
-after saves taking about 6 s more each (results/bench/rss_trim.json).
+after saves taking about 6 s more each (results/bench/rss_trim.json). It does not bound every run: one of the first
+two 300-step real-pair runs with it peaked at 11.04 GB, the other at 6.20 GB (docs/benchmarks.md).
 """
 
 from __future__ import annotations
