@@ -52,25 +52,27 @@ def _check_arenas(arenas: int) -> None:
     raise InputError(f"train.malloc_arena_max must be an integer >= 0 (0 = glibc's default), got {arenas!r}")
 
 
+def _libc(function: str):
+  """The C library's `function` through ctypes, or None where there is none (macOS, musl without it)."""
+  try:
+    return getattr(ctypes.CDLL(ctypes.util.find_library("c")), function)
+  except (OSError, AttributeError, TypeError):
+    return None
+
+
 def cap_arenas(arenas: int) -> bool:
   """mallopt(M_ARENA_MAX, arenas); 0 keeps glibc's default. Returns whether the cap was set (False off glibc)."""
   _check_arenas(arenas)
   if not arenas:
     return False
-  name = ctypes.util.find_library("c")
-  try:
-    mallopt = ctypes.CDLL(name).mallopt
-  except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl without mallopt)
-    return False
-  return bool(mallopt(_M_ARENA_MAX, arenas))
+  mallopt = _libc("mallopt")
+  return False if mallopt is None else bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 def trim() -> bool:
   """malloc_trim(0): glibc hands the free pages of its heaps back to the kernel. False off glibc."""
-  name = ctypes.util.find_library("c")
-  try:
-    malloc_trim = ctypes.CDLL(name).malloc_trim
-  except (OSError, AttributeError, TypeError):  # not glibc
+  malloc_trim = _libc("malloc_trim")
+  if malloc_trim is None:
     return False
   malloc_trim(0)
   return True
