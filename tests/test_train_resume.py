@@ -3,6 +3,7 @@ async run, and evaluation on the sampler's mesh. Their own file, so the test run
 tests/test_train.py's (both files are long)."""
 
 import os
+import sys
 
 import jax
 import pytest
@@ -31,6 +32,9 @@ def test_preempted_run_resumes_past_a_damaged_checkpoint_and_reproduces_the_run(
   train_rows = [r for r in rows if "loss" in r]
   assert [r["step"] for r in train_rows] == [2, 4, 6]
   assert {"mismatch_vocab/kl_sampler_learner", "opd/reverse_kl", "perf/tokens_per_s"} <= set(train_rows[0])
+  if sys.platform == "linux":  # host memory: resident now <= the peak so far, which never falls
+    assert all(0 < r["perf/host_rss_gb"] <= r["perf/host_peak_rss_gb"] < 1e3 for r in train_rows)
+    assert [r["perf/host_peak_rss_gb"] for r in train_rows] == sorted(r["perf/host_peak_rss_gb"] for r in train_rows)
   assert all(r["mismatch/k3"] > 0 for r in train_rows) and train_rows[-1]["rollout/version_lag"] == 1
   assert train_rows[-1]["mismatch_split/precision_k3"] > 0 and train_rows[-1]["mismatch_split/staleness_k3"] > 0
   truncated = [r["data/prompts_truncated"] for r in train_rows]

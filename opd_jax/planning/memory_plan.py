@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import time
 from typing import Callable
 
@@ -51,6 +50,7 @@ from opd_jax.models.sharding import per_device_bytes
 from opd_jax.planning.plan_programs import Program, build_programs, plan_mesh, resident_pools
 from opd_jax.planning.plan_spec import GIB, PlanSpec
 from opd_jax.rollout.memory import concurrent_sequences, kv_token_bytes
+from opd_jax.train.process_memory import rss_bytes  # noqa: F401  (re-exported: step_rss, host_memory)
 
 # The folder that holds the opd_jax package (a checkout or site-packages): a subprocess imports it from there.
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -195,10 +195,3 @@ def plan_memory(plan: PlanSpec, log: Callable[[str], None] = lambda s: None) -> 
   paged = paged_capacity(plan, programs["sampler_decode"], totals["sampler_decode"]) if (
       "sampler_decode" in programs) else {}
   return MemoryPlan(plan, memory, totals, resident, used, best, trials, pools, rss_bytes()[1], paged)
-
-
-def rss_bytes() -> tuple[int, int]:
-  """(current, peak) resident set size of this process."""
-  with open("/proc/self/statm") as f:
-    current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: ru_maxrss in KiB

@@ -1,5 +1,5 @@
 """The metrics interval: the steps since the last metrics row, averaged into one row with throughput, the learning
-rate, prompt truncation, device memory and each served teacher's wire traffic."""
+rate, prompt truncation, device and host memory and each served teacher's wire traffic."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from opd_jax.train import device_memory
+from opd_jax.train import process_memory
 from opd_jax.train.rollouts import Produced
 
 
@@ -40,6 +41,7 @@ class Interval:
     row["learning_rate"] = float(self._run.schedule(int(state.step) - 1))  # what the interval's last update used
     row["data/prompts_truncated"] = data_state["truncated"]  # cut to data.max_prompt_tokens so far
     row.update(device_memory.peak_gib())  # accelerators only: the process's peak so far
+    row.update(process_memory.host_gb())  # host RSS now and the peak so far (saves and evaluations included)
     teachers = self._run.teachers
     for teacher in teachers.served:  # request + response bytes per scored token so far, outages survived
       row[teachers.prefix(teacher) + "wire_bytes_per_token"] = teacher.served.wire_bytes_per_token()
