@@ -91,6 +91,28 @@ DAMAGES = {  # name: (damage the step directory, what the reason says with the c
 }
 
 
+def test_a_save_after_finish_save_does_not_report_that_wait_as_a_slow_save(tmp_path, monkeypatch, caplog):
+  """orbax warns at a save when waiting for the previous one took over a second (here: over no time at all). The
+  loop's own wait in finish_save() is not such a wait and is not reported; a save that waited in save() is."""
+  import orbax.checkpoint.checkpoint_manager as orbax_manager
+  monkeypatch.setattr(orbax_manager, "_WAIT_FOR_PREV_SAVE_WARNING_THRESHOLD_SECS", -1.0)
+  checkpointer = Checkpointer(str(tmp_path), keep=5)
+
+  def slow_save_warnings(step):
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="absl"):
+      checkpointer.save(step, _arrays(step), {"step": step, "snapshot_versions": [step - 1]})
+    return [r for r in caplog.records if r.getMessage().startswith("Waiting for previous save to complete")]
+
+  slow_save_warnings(1)
+  assert len(slow_save_warnings(2)) == 1  # save() waited for step 1 itself: orbax's warning stands
+  checkpointer.finish_save()
+  assert slow_save_warnings(3) == []
+  assert len(slow_save_warnings(4)) == 1  # only the save right after finish_save() is quiet
+  checkpointer.close()
+  assert checkpointer.latest_step() == 4
+
+
 def test_every_saved_step_has_a_checksum_manifest_of_its_files(tmp_path):
   _save_three(tmp_path).close()
   for step in STEPS:

@@ -36,12 +36,11 @@ workdir that is not one shared filesystem) stop the run with one line.
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import concurrent.futures
 import dataclasses
 import gc
 import json
+import logging
 import os
 import re
 import sys
@@ -51,6 +50,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from etils import epath
 
 from opd_jax.errors import InputError
@@ -81,6 +81,7 @@ class Checkpointer:
     # not hold up the training loop; wait() and close() wait for them.
     self._hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="opd-checksums")
     self._manifests: list[concurrent.futures.Future] = []
+    self._waited = False  # finish_save() waited for a save since the last save() (_OwnWaitWarning)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -93,8 +94,15 @@ class Checkpointer:
     """
     meta = json.loads(json.dumps(meta))
     self._seal()  # the previous save's manifest (orbax waits for that save before it starts this one anyway)
-    self._manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
-                                                    meta=ocp.args.JsonSave(meta)), force=True)
+    waited, self._waited = self._waited, False
+    quiet, absl_logger = _OwnWaitWarning(), absl_logging.get_absl_logger()
+    if waited:
+      absl_logger.addFilter(quiet)
+    try:
+      self._manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
+                                                      meta=ocp.args.JsonSave(meta)), force=True)
+    finally:
+      absl_logger.removeFilter(quiet)
     self._unsealed.append(step)
 
   def _seal(self) -> None:
@@ -218,6 +226,7 @@ class Checkpointer:
   def finish_save(self) -> None:
     """Waits for the saves in flight (not for their checksum manifests, which are hashed on their own thread)."""
     self._seal()
+    self._waited = True
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
@@ -230,6 +239,16 @@ class Checkpointer:
     self._wait_for_manifests()
     self._hashing.shutdown()
     self._manager.close()
+
+
+class _OwnWaitWarning(logging.Filter):
+  """Drops orbax's "Waiting for previous save to complete took X seconds. If this number is high, consider
+  checkpointing less frequently." at a save that follows finish_save(): orbax counts every wait for a save on the
+  main thread, so the loop's deliberate wait after a save (train.malloc_trim) would be reported at the next save
+  as a save that held training up. Without finish_save() the warning stays: it is then a real wait."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Waiting for previous save to complete took")
 
 
 def _differences(stored_tree, abstract) -> list[str]:
