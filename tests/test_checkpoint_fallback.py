@@ -277,8 +277,8 @@ def test_abandoned_read_noise_is_dropped_and_nothing_else(caplog):
   """What orbax's abandoned reads of a damaged step leave behind, made for real: an asyncio task and a gather of
   a coroutine named like orbax's that failed and was never awaited (asyncio logs them when collected), and an
   "Event loop is closed" raised by a call into a closed loop, reported through sys.excepthook and through the
-  unraisable hook. Once quieted (every command installs it, launch/_cli.py), all of those are dropped; the same failures from a user's
-  coroutine, and any other exception, still reach the user."""
+  unraisable hook. Once quieted (every command installs it, launch/_cli.py), all of those are dropped; the same
+  failures from a user's coroutine, and any other exception, still reach the user."""
   import asyncio
   import gc
   from opd_jax.train.checkpoint import quiet
