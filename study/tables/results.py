@@ -13,8 +13,8 @@ import os
 from opd_jax.experiments.files import read_budget, read_json, read_jsonl, read_results
 from opd_jax.experiments.sweep import fill_deltas
 from study.analysis.validation import admission_vs_run_k3
-from study.tables import (bench, comparison, cross_family, cross_tokenizer, pairs, real_pair, real_recipes, serving,
-                          study)
+from study.tables import (bench, comparison, cross_family, cross_tokenizer, pairs, real_configs, real_pair,
+                          real_recipes, serving, study)
 from study.tables.markdown import g3, md_table
 from study.tables.validation import k3_quantities_table, validation_rules_table, validation_table
 
@@ -234,6 +234,7 @@ def all_tables(results_dir: str) -> dict[str, str]:
   if os.path.exists(host_path):
     tables["host memory"] = host_rss_table(read_jsonl(host_path, "host-memory file"))
   tables.update(real_pair.tables(results_dir))
+  tables.update(real_configs.tables(results_dir))
   tables.update(real_recipes.tables(results_dir))
   tables.update(serving.tables(results_dir))
   tables.update(study.tables(results_dir))

@@ -1,0 +1,87 @@
+"""The real pair's other configs against its main one, seed by seed (issue 35: the changes that led to
+configs/smollm2.py, and screens that did not move it), rendered from the shipped files:
+
+  results/smollm2/run/seed<S>/            the main config (the reference of every row)
+  results/smollm2/run_v<N>_*/seed<S>/     an earlier main config
+  results/smollm2/screen_*/seed<S>/       a candidate screened against the main config (its README says the rule)
+
+A folder enters the table when at least two of its seeds have a main run of the same seed. Each cell is the seed
+mean with its 95% t-interval; "paired change" is the per-seed change of the final held-out reverse KL against the
+main run of the same seed, averaged. Where the configs differ is read from each run's config.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opd_jax.experiments.files import read_json, read_jsonl
+from opd_jax.experiments.intervals import T_INTERVAL
+from study.tables.markdown import md_table, mean_cell
+from study.tables.real_pair import _evals, seed_folders
+
+# config.json fields that change what a run learns; the table names those in which a folder differs from run/
+_COMPARED = ("objective.", "optimizer.", "train.steps", "train.batch_size", "rollout.", "data.mix")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def _differences(config: dict, main: dict) -> str:
+  """`key value` for each compared field that both configs have and this one sets otherwise (fields added to the
+  config since are not differences)."""
+  a, b = _flat(config), _flat(main)
+  keys = sorted(k for k in a.keys() & b.keys() if k.startswith(_COMPARED) and a[k] != b[k])
+  return ", ".join(f"{k.split('.')[-1] if k.startswith(('objective.', 'optimizer.')) else k} {a[k]}"
+                   for k in keys) or "none"
+
+
+def _ratio(rows: list[dict]) -> float:
+  evals = _evals(rows)
+  return evals[-1]["eval/reverse_kl"] / evals[0]["eval/reverse_kl"]
+
+
+def configs_table(main: dict[int, str], others: dict[str, dict[int, str]]) -> str:
+  """main: seed -> folder of run/; others: name -> {seed: folder}. One row for the main config, then one per other
+  folder over the seeds both ran."""
+  rows = {s: read_jsonl(os.path.join(f, "metrics.jsonl")) for s, f in main.items()}
+  main_config = read_json(os.path.join(next(iter(main.values())), "config.json"), "run config")
+  pct = lambda values: mean_cell([100 * v for v in values], lambda x: f"{x:.1f}%")
+  cells = lambda runs, seeds: [
+      mean_cell([100 * _ratio(runs[s]) for s in seeds], lambda x: f"{x:.2f}%"),
+      pct([_evals(runs[s])[-1]["eval/repetition"] for s in seeds]),
+      pct([_evals(runs[s])[-1]["eval/at_cap"] for s in seeds]),
+      mean_cell([_evals(runs[s])[-1]["eval/response_tokens"] for s in seeds], lambda x: f"{x:.1f}"),
+      pct([_evals(runs[s])[-1]["eval/accuracy"] for s in seeds])]
+  body = [["run (main)", "(the reference)", " / ".join(map(str, sorted(rows))), *cells(rows, sorted(rows)), ""]]
+  for name, folders in others.items():
+    seeds = sorted(s for s in folders if s in rows)
+    if len(seeds) < 2:
+      continue
+    runs = {s: read_jsonl(os.path.join(folders[s], "metrics.jsonl")) for s in seeds}
+    config = read_json(os.path.join(folders[seeds[0]], "config.json"), "run config")
+    change = [_evals(runs[s])[-1]["eval/reverse_kl"] / _evals(rows[s])[-1]["eval/reverse_kl"] - 1 for s in seeds]
+    body.append([name, _differences(config, main_config), " / ".join(map(str, seeds)), *cells(runs, seeds),
+                 mean_cell([100 * c for c in change], lambda x: f"{round(x, 1) + 0.0:+.1f}%")])  # no "-0.0%"
+  return md_table(["config", "differs from run/ in", "seeds", f"reverse KL, distilled / pruned ({T_INTERVAL})",
+                   "repeating", "at the cap", "greedy tokens", "capitals accuracy",
+                   "final reverse KL against run/'s, same seed"], body)
+
+
+def tables(results_dir: str) -> dict[str, str]:
+  """Title -> markdown table, when results_dir/smollm2/run/ and another config's seeds are shipped."""
+  root = os.path.join(results_dir, "smollm2")
+  main = dict(seed_folders(os.path.join(root, "run")))
+  if not main:
+    return {}
+  names = sorted(n for n in os.listdir(root) if n.startswith(("run_v", "screen_")))
+  others = {n: dict(seed_folders(os.path.join(root, n))) for n in names}
+  if not any(len(set(f) & set(main)) >= 2 for f in others.values()):
+    return {}
+  return {"smollm2 configs against the main one": configs_table(main, others)}

@@ -1,0 +1,46 @@
+"""study/tables/real_configs.py: the real pair's other configs, each against the main run of the same seed."""
+
+import json
+
+from opd_jax.experiments.intervals import t_interval
+
+
+def _write(folder, first_kl, last_kl, beta, learning_rate=2e-4, extra=None):
+  folder.mkdir(parents=True)
+  objective = {"name": "jsd", "beta": beta, **(extra or {})}
+  config = {"seed": 0, "objective": objective, "optimizer": {"learning_rate": learning_rate},
+            "train": {"steps": 300, "eval_every": 150}}
+  (folder / "config.json").write_text(json.dumps(config))
+  evaluation = lambda step, kl: {"step": step, "eval/reverse_kl": kl, "eval/accuracy": 0.5, "eval/at_cap": 0.25,
+                                 "eval/repetition": 0.125, "eval/response_tokens": 28.0}
+  rows = [evaluation(0, first_kl), {"step": 5, "loss": 0.1}, evaluation(300, last_kl)]
+  (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_each_config_is_paired_with_the_main_run_of_the_same_seed(tmp_path):
+  from study.tables import real_configs
+  root = tmp_path / "smollm2"
+  for seed, first in ((0, 2.0), (1, 1.6), (2, 1.8)):
+    _write(root / "run" / f"seed{seed}", first, 0.8, 0.7)
+  # beta 0.8: final 0.88 and 0.72 against the main runs' 0.8 (+10%, -10%); a field added since is no difference
+  _write(root / "screen_beta0.8" / "seed0", 2.0, 0.88, 0.8, extra={"marginal_span": "first"})
+  _write(root / "screen_beta0.8" / "seed1", 1.6, 0.72, 0.8, extra={"marginal_span": "first"})
+  _write(root / "run_v3_lr1e-4" / "seed2", 1.8, 0.9, 0.5, learning_rate=1e-4)  # one seed: no row
+  (root / "tuning").mkdir()  # not a config folder
+  table = real_configs.tables(str(tmp_path))["smollm2 configs against the main one"]
+  lines = table.splitlines()
+  assert len(lines) == 4, table
+  main, screen = lines[2].split(" | "), lines[3].split(" | ")
+  lo, hi = t_interval([40.0, 50.0, 100 * 0.8 / 1.8])
+  assert main[2:4] == ["0 / 1 / 2", f"{(40 + 50 + 80 / 1.8) / 3:.2f}% [{lo:.2f}%, {hi:.2f}%]"]
+  assert main[4] == "12.5%" and main[6] == "28.0"  # the seeds agree: one value
+  assert screen[0] == "| screen_beta0.8" and screen[1] == "beta 0.8" and screen[2] == "0 / 1"
+  lo, hi = t_interval([10.0, -10.0])
+  assert screen[-1] == f"+0.0% [{lo:+.1f}%, {hi:+.1f}%] |"
+
+
+def test_no_table_without_another_config_of_two_seeds(tmp_path):
+  from study.tables import real_configs
+  _write(tmp_path / "smollm2" / "run" / "seed0", 1.8, 0.7, 0.7)
+  _write(tmp_path / "smollm2" / "screen_x" / "seed0", 1.8, 0.7, 0.8)
+  assert real_configs.tables(str(tmp_path)) == {}
