@@ -15,3 +15,10 @@ def test_a_value_a_key_or_a_row_that_differs_is_named():
   assert differences(base, new)[1] == ["step 1: key 'k3' only on REV", "step 1: key 'new/metric' only here",
                                        "step 1: loss 0.25 on REV, 0.2500001 here"]
   assert differences(base, new[:1])[1] == ["2 rows on REV, 1 here"]
+
+
+def test_the_training_time_is_the_last_rows():
+  from launch.bench.same_metrics import train_seconds
+  rows = [{"step": 0, "eval/seconds": 3.0}, {"step": 5, "eval/accuracy": 0.5, "time/train_s": 10.0},
+          {"step": 10, "eval/accuracy": 0.75, "time/train_s": 21.5}, {"step": 10, "loss": 0.25}]
+  assert train_seconds(rows) == 21.5

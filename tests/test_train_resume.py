@@ -32,6 +32,9 @@ def test_preempted_run_resumes_past_a_damaged_checkpoint_and_reproduces_the_run(
   train_rows = [r for r in rows if "loss" in r]
   assert [r["step"] for r in train_rows] == [2, 4, 6]
   assert {"mismatch_vocab/kl_sampler_learner", "opd/reverse_kl", "perf/tokens_per_s"} <= set(train_rows[0])
+  for r in train_rows:  # where the step's time went: sampling, scoring and the update, each inside the step
+    assert 0 < r["perf/sample_s"] and 0 < r["perf/score_s"] and 0 < r["perf/update_s"], r
+    assert r["perf/sample_s"] + r["perf/score_s"] + r["perf/update_s"] <= r["perf/step_s"], r
   if sys.platform == "linux":  # host memory: resident now <= the peak so far, which never falls
     assert all(0 < r["perf/host_rss_gb"] <= r["perf/host_peak_rss_gb"] < 1e3 for r in train_rows)
     assert [r["perf/host_peak_rss_gb"] for r in train_rows] == sorted(r["perf/host_peak_rss_gb"] for r in train_rows)

@@ -8,6 +8,11 @@ the other (each in its own process, single device, the trees' own code), then co
 key by key, timings aside (perf/*, time/*, eval/seconds), and samples.jsonl byte for byte. Prints one line per
 run and exits 1 when any value, key or sample differs. A change that should keep every number (a refactor) runs
 this before the old path goes (docs/contributing.md). Takes about 4 minutes on 2 CPU cores.
+
+It also prints each run's training time (time/train_s: the updates, without start-up and evaluations) on both
+trees side by side, with the ratio; --rounds=N runs each pair N times in alternating order (REV first, then this
+tree first, ...) and prints the medians, the speed check of a change to the loop or the train step. Run it with
+nothing else on the machine.
 """
 
 import json
@@ -17,12 +22,15 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 from absl import flags
 
 from launch import _cli
+from opd_jax.errors import InputError
 
 _REV = flags.DEFINE_string("rev", None, "The git revision to compare with (a commit, tag or branch).")
 _RUNS = flags.DEFINE_list("runs", ["runlocal", "steps150", "lagged_fp8"], "Which runs (RUNS below).")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "Runs of each tree per config, in alternating order (timing medians).")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNS = {  # name: launch/train.py flags
@@ -30,6 +38,10 @@ RUNS = {  # name: launch/train.py flags
     "steps150": ["--config=configs/pair1.py", "--config.train.steps=150"],
     "lagged_fp8": ["--config=configs/pair1.py", "--config.train.steps=60", "--config.train.eval_every=30",
                    "--config.rollout.weights=fp8", "--config.rollout.staleness_steps=2"],
+    # the real pair (prepared on first use), 10 updates, a small evaluation at both ends: about 3 minutes a run
+    "smollm2_10": ["--config=configs/smollm2.py", "--config.train.steps=10", "--config.train.eval_every=10",
+                   "--config.train.eval_size=8", "--config.train.eval_batch_size=8", "--config.train.eval_samples=8",
+                   "--config.train.checkpoint_every=10"],
 }
 TIMING = ("perf/", "time/", "eval/seconds")
 
@@ -65,11 +77,29 @@ def differences(base: list[dict], new: list[dict]) -> tuple[int, list[str]]:
   return compared, found
 
 
+def train_seconds(rows: list[dict]) -> float:
+  """time/train_s of the run's last row that has it: the updates' wall time, start-up and evaluations excluded."""
+  return [r["time/train_s"] for r in rows if "time/train_s" in r][-1]
+
+
+def _compare(name: str, commit: str, base: str, new: str) -> bool:
+  """Prints one line for a pair of runs; True when any value, key or sample differs."""
+  compared, found = differences(_rows(base), _rows(new))
+  with open(os.path.join(base, "samples.jsonl"), "rb") as a, open(os.path.join(new, "samples.jsonl"), "rb") as b:
+    if a.read() != b.read():
+      found.append("samples.jsonl differs")
+  print(f"{name}: {compared} values compared against {commit[:7]}, "
+        f"{'identical' if not found else f'{len(found)} differ'}" + "".join(f"\n  {f}" for f in found[:20]),
+        flush=True)
+  return bool(found)
+
+
 def run() -> int:
   unknown = sorted(set(_RUNS.value) - set(RUNS))
   if unknown:
-    from opd_jax.errors import InputError
     raise InputError(f"--runs: unknown {unknown}; choose from {sorted(RUNS)}")
+  if _ROUNDS.value < 1:
+    raise InputError(f"--rounds={_ROUNDS.value}: give 1 or more runs of each tree per config")
   commit = _cli.git(ROOT, "rev-parse", "--verify", f"{_REV.value}^{{commit}}")
   scratch = tempfile.mkdtemp(prefix="opd_jax_same_metrics_")
   base_tree = os.path.join(scratch, "rev")
@@ -77,18 +107,18 @@ def run() -> int:
   failed = False
   try:
     for name in _RUNS.value:
-      dirs = {tree: os.path.join(scratch, f"{name}_{label}") for label, tree in (("rev", base_tree), ("here", ROOT))}
-      for tree, workdir in dirs.items():
-        _train(tree, RUNS[name], workdir)
-      base, new = (dirs[base_tree], dirs[ROOT])
-      compared, found = differences(_rows(base), _rows(new))
-      with open(os.path.join(base, "samples.jsonl"), "rb") as a, open(os.path.join(new, "samples.jsonl"), "rb") as b:
-        if a.read() != b.read():
-          found.append("samples.jsonl differs")
-      failed |= bool(found)
-      print(f"{name}: {compared} values compared against {commit[:7]}, "
-            f"{'identical' if not found else f'{len(found)} differ'}" + "".join(f"\n  {f}" for f in found[:20]),
-            flush=True)
+      seconds = {base_tree: [], ROOT: []}
+      for round_ in range(_ROUNDS.value):
+        trees = (base_tree, ROOT) if round_ % 2 == 0 else (ROOT, base_tree)
+        dirs = {tree: os.path.join(scratch, f"{name}_{'rev' if tree == base_tree else 'here'}_{round_}")
+                for tree in trees}
+        for tree, workdir in dirs.items():
+          _train(tree, RUNS[name], workdir)
+          seconds[tree].append(train_seconds(_rows(workdir)))
+        failed |= _compare(name, commit, dirs[base_tree], dirs[ROOT])
+      rev_s, here_s = (float(np.median(seconds[t])) for t in (base_tree, ROOT))
+      print(f"  train time (median of {_ROUNDS.value}): {rev_s:.1f} s on {commit[:7]}, {here_s:.1f} s here "
+            f"({here_s / rev_s:.3f}x)", flush=True)
   finally:
     _cli.git(ROOT, "worktree", "remove", "--force", base_tree)
     shutil.rmtree(scratch, ignore_errors=True)

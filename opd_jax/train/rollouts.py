@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+import time
 from typing import Callable
 
 import jax
@@ -77,6 +78,7 @@ class RolloutProducer:
     self.reward_fn, self.group_size = reward_fn, group_size
     self.teacher_state = teacher_state
     self.teachers, self.routes, self.cross = teachers, routes, cross
+    self._seconds: dict[str, float] = {}  # the latest batch's sampling and scoring wall time (engine_stats)
     self._routed_cross = cross is not None and teachers is not None and teachers.multi
     self.key = jax.random.fold_in(jax.random.key(seed), 1)
     self._teacher = teacher_score or programs.teacher_score_program(teacher_graphdef, objective,
@@ -85,12 +87,13 @@ class RolloutProducer:
                                                                     logits_chunk)
 
   def engine_stats(self) -> dict:
-    """The paged engine's statistics of the latest batch, as metrics (none with the static engine)."""
+    """The latest batch's metrics: the paged engine's statistics (none with the static engine), a cross-tokenizer
+    teacher's span counts, and the wall time of its sampling and of its scoring (perf/sample_s, perf/score_s)."""
     stats = getattr(self.sampler, "last_stats", None) or {}
     out = {f"rollout/engine_{k}": float(stats.get(k, 0)) for k in ENGINE_METRICS} if stats else {}
     if self.cross is not None:
       out.update(self.teachers.cross_metrics() if self._routed_cross else self.cross.metrics())
-    return out
+    return {**out, **self._seconds}
 
   def produce(self, index: int, version: int, snapshot: dict, prompts: dict, latest=None) -> RolloutBatch:
     """snapshot: {"sampler": the sampler's weights of `version`, "dense": that version's learner parameters
@@ -99,9 +102,12 @@ class RolloutProducer:
     if self.group_size > 1:  # rows g*G .. g*G + G - 1 answer the same prompt
       prompts = {k: np.repeat(v, self.group_size, axis=0) for k, v in prompts.items()}
     inflight = {"version": version, "weights": latest} if latest is not None else {}
+    start = time.perf_counter()
     out = self.sampler(snapshot["sampler"], self.put_sampler_batch(prompts["prompt_BxP"]),
                        self.put_sampler_batch(prompts["prompt_valid_BxP"]), jax.random.fold_in(self.key, index),
                        **inflight)
+    jax.block_until_ready(out.tokens_BxN)
+    sampled = time.perf_counter()
     if self.learner_rows is not None:  # the sampler's rows -> the learner's (on its own devices, if it has any)
       out = jax.device_put(out, jax.tree.map(lambda _: self.learner_rows, out))
     prompt_BxP = self.put_batch(prompts["prompt_BxP"])
@@ -123,6 +129,8 @@ class RolloutProducer:
       teacher, route_BxN = self.teachers.score(prompts, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN, routes)
     else:
       teacher = self._teacher(self.teacher_state, prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN)
+    jax.block_until_ready(teacher.logp_BxR)  # the wall times are what each phase took, not its dispatch
+    self._seconds = {"perf/sample_s": sampled - start, "perf/score_s": time.perf_counter() - sampled}
     snapshot_logp = None
     if "dense" in snapshot:
       snapshot_logp = self._student(snapshot["dense"], prompt_BxP, valid_BxP, out.tokens_BxN, out.mask_BxN).logp_BxR
