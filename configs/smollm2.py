@@ -101,12 +101,14 @@ def get_config(arg=None):
   # train.malloc_keep_freed (7.5 s on such a day: results/bench/malloc.json); an evaluation about 1.5 minutes
   # (README has the measured wall time).
   c.train.log_every = 5
-  c.train.eval_every = 150  # evaluations at steps 0, 150 and 300 (every 75 cost 3 more minutes a run)
+  # Evaluations at steps 0 and 300 only: one at 150 cost 89-97 s of a run and no number (evaluations draw no
+  # training randomness; results/smollm2/timing_eval300_ckpt100/ reproduces results/smollm2/run/ row for row).
+  c.train.eval_every = 300
   c.train.eval_size = 96  # held-out prompts per evaluation: 48 chat prompts, 48 capital questions (39 graded)
   c.train.eval_batch_size = 32
   c.train.eval_teacher_forced = True  # teacher's greedy responses: its accuracy and eval/teacher_forced_kl
   c.train.eval_samples = 96  # greedy responses written to samples.jsonl at each evaluation: all of them
-  c.train.checkpoint_every = 50
+  c.train.checkpoint_every = 100  # about 13 minutes of training; the step after a save waits ~6 s (rss_trim.json)
   c.train.vocab_metrics_top_k = 64
 
   if args.runlocal:

@@ -44,3 +44,21 @@ def test_no_table_without_another_config_of_two_seeds(tmp_path):
   _write(tmp_path / "smollm2" / "run" / "seed0", 1.8, 0.7, 0.7)
   _write(tmp_path / "smollm2" / "screen_x" / "seed0", 1.8, 0.7, 0.8)
   assert real_configs.tables(str(tmp_path)) == {}
+
+
+def test_a_timing_check_row_says_whether_the_numbers_held_and_sets_its_time_beside_the_main_runs(tmp_path):
+  from study.tables import real_configs
+  root = tmp_path / "smollm2"
+  _write(root / "run" / "seed0", 1.8, 0.7, 0.7)
+  (root / "run" / "seed0" / "time.json").write_text(json.dumps(
+      {"wall_seconds": 2700.0, "train_seconds": 2380.4, "peak_rss_bytes": 6.99e9}))
+  check = root / "timing_eval300" / "seed0"
+  _write(check, 1.8, 0.7, 0.7)
+  (check / "time.json").write_text(json.dumps({"wall_seconds": 2490.0, "train_seconds": 2259.1,
+                                               "eval_seconds": [124.2, 89.7], "peak_rss_bytes": 9.05e9}))
+  same = {"values_compared": 2006, "differences_total": 0, "samples_steps_0_and_300_identical": True}
+  (check / "same_metrics.json").write_text(json.dumps(same))
+  row = real_configs.tables(str(tmp_path))["smollm2 timing_eval300"].splitlines()[2]
+  assert row == "| 0 | 2006 values, samples: yes | 41.5 | 45.0 | 2259 vs 2380 | 124 + 90 | 9.05 | 6.99 |"
+  (check / "same_metrics.json").write_text(json.dumps({**same, "differences_total": 3}))
+  assert "2006 values, samples: no" in real_configs.tables(str(tmp_path))["smollm2 timing_eval300"]

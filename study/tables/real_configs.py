@@ -4,6 +4,8 @@ configs/smollm2.py, and screens that did not move it), rendered from the shipped
   results/smollm2/run/seed<S>/            the main config (the reference of every row)
   results/smollm2/run_v<N>_*/seed<S>/     an earlier main config
   results/smollm2/screen_*/seed<S>/       a candidate screened against the main config (its README says the rule)
+  results/smollm2/timing_*/seed<S>/       the main config with another evaluation / checkpoint cadence: time.json and
+                                          same_metrics.json (its rows against run/seed<S>'s)
 
 A folder enters the table when at least two of its seeds have a main run of the same seed. Each cell is the seed
 mean with its 95% t-interval; "paired change" is the per-seed change of the final held-out reverse KL against the
@@ -74,14 +76,41 @@ def configs_table(main: dict[int, str], others: dict[str, dict[int, str]]) -> st
                    "final reverse KL against run/'s, same seed"], body)
 
 
+def timing_table(folders: dict[int, str], main_times: dict[int, dict]) -> str:
+  """One row per seed of a timing check: whether it trained exactly as the main run, and its time beside the main
+  run's (time.json of each)."""
+  body = []
+  for seed, folder in sorted(folders.items()):
+    same = read_json(os.path.join(folder, "same_metrics.json"), "equivalence file")
+    time = read_json(os.path.join(folder, "time.json"), "time file")
+    main = main_times.get(seed, {})
+    identical = "yes" if not same["differences_total"] and same["samples_steps_0_and_300_identical"] else "no"
+    minutes = lambda t: "n/a" if "wall_seconds" not in t else f"{t['wall_seconds'] / 60:.1f}"
+    body.append([str(seed), f"{same['values_compared']} values, samples: {identical}", minutes(time),
+                 minutes(main), f"{time['train_seconds']:.0f} vs {main.get('train_seconds', float('nan')):.0f}",
+                 " + ".join(f"{x:.0f}" for x in time["eval_seconds"]), f"{time['peak_rss_bytes'] / 1e9:.2f}",
+                 "n/a" if "peak_rss_bytes" not in main else f"{main['peak_rss_bytes'] / 1e9:.2f}"])
+  return md_table(["seed", "same numbers as run/", "wall minutes", "run/'s wall minutes", "training s: this vs run/",
+                   "evaluations s", "peak RSS GB", "run/'s peak RSS GB"], body)
+
+
 def tables(results_dir: str) -> dict[str, str]:
-  """Title -> markdown table, when results_dir/smollm2/run/ and another config's seeds are shipped."""
+  """Title -> markdown table, when results_dir/smollm2/run/ and another config's seeds (or a timing check's) are
+  shipped."""
   root = os.path.join(results_dir, "smollm2")
   main = dict(seed_folders(os.path.join(root, "run")))
   if not main:
     return {}
+  out = {}
   names = sorted(n for n in os.listdir(root) if n.startswith(("run_v", "screen_")))
   others = {n: dict(seed_folders(os.path.join(root, n))) for n in names}
-  if not any(len(set(f) & set(main)) >= 2 for f in others.values()):
-    return {}
-  return {"smollm2 configs against the main one": configs_table(main, others)}
+  if any(len(set(f) & set(main)) >= 2 for f in others.values()):
+    out["smollm2 configs against the main one"] = configs_table(main, others)
+  main_times = {s: read_json(os.path.join(f, "time.json"), "time file") for s, f in main.items()
+                if os.path.exists(os.path.join(f, "time.json"))}
+  for name in sorted(n for n in os.listdir(root) if n.startswith("timing_")):
+    folders = {s: f for s, f in seed_folders(os.path.join(root, name))
+               if os.path.exists(os.path.join(f, "same_metrics.json"))}
+    if folders:
+      out[f"smollm2 {name}"] = timing_table(folders, main_times)
+  return out
