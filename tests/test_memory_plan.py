@@ -425,3 +425,14 @@ def test_device_peak_memory_is_the_largest_devices_peak_and_absent_on_cpu():
       "memory/device_peak_gib": 3.0}
   assert peak_gib([Device(None)]) == {}
   assert peak_gib() == {}  # XLA:CPU reports none: the rows of a CPU run carry no such field
+
+
+def test_the_logged_host_peak_never_falls_below_what_was_seen(monkeypatch):
+  """/proc's current size can pass the kernel's ru_maxrss by a few pages (per-thread counters): the logged peak is
+  the largest of both seen so far, so it never falls from one metrics row to the next."""
+  from opd_jax.train import process_memory
+  monkeypatch.setattr(process_memory, "_seen_peak", 0)
+  counts = iter([(5_000_000_000, 4_900_000_000), (3_000_000_000, 4_950_000_000), (6_000_000_000, 6_100_000_000)])
+  monkeypatch.setattr(process_memory, "rss_bytes", lambda: next(counts))
+  rows = [process_memory.host_gb() for _ in range(3)]
+  assert [(r["perf/host_rss_gb"], r["perf/host_peak_rss_gb"]) for r in rows] == [(5.0, 5.0), (3.0, 5.0), (6.0, 6.1)]

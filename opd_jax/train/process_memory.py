@@ -14,12 +14,18 @@ def rss_bytes() -> tuple[int, int]:
   return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: ru_maxrss in KiB
 
 
+_seen_peak = 0  # the largest resident size host_gb has reported in this process
+
+
 def host_gb() -> dict[str, float]:
   """{"perf/host_rss_gb": resident now, "perf/host_peak_rss_gb": the most resident so far}, or {} off Linux. Under
   perf/ with the timings: they depend on the machine and on thread timing, not on what was learned."""
+  global _seen_peak
   try:
     current, peak = rss_bytes()
   except OSError:  # no /proc (macOS)
     return {}
-  # the kernel's two counts lag each other by a few pages per thread: the peak is at least what is resident now
-  return {"perf/host_rss_gb": current / 1e9, "perf/host_peak_rss_gb": max(current, peak) / 1e9}
+  # The kernel's two counts lag each other by a few pages per thread, so the current size can pass the kernel's
+  # peak: the peak reported is the largest of both counts seen so far, and it never falls.
+  _seen_peak = max(_seen_peak, current, peak)
+  return {"perf/host_rss_gb": current / 1e9, "perf/host_peak_rss_gb": _seen_peak / 1e9}
