@@ -245,6 +245,10 @@ def base_config(pair: str) -> ml_collections.ConfigDict:
   # and evaluation and before the export, so what those phases allocate does not stack on the kept heap
   # (opd_jax/train/malloc.py; docs/benchmarks.md has the peak RSS with and without).
   c.train.malloc_trim = True
+  # With malloc_trim, also trim after a step whose resident size rose more than this many GB above the level the
+  # heap settled at after the last trim (a fragmented kept heap grows by a whole ~2 GB block at once on the real
+  # pair; opd_jax/train/malloc.py); 0 = off. Off until a real-pair run measures its peak and time against today's.
+  c.train.malloc_trim_growth_gb = 0.0
   # At the end of training the student is written to workdir/export as an HF checkpoint (safetensors, config,
   # generation config, tokenizer) in this dtype: float32 (the master params) | bfloat16 | "" = no export.
   # Any checkpointed step: python launch/export.py --workdir=W [--step=N] --out=DIR.

@@ -333,6 +333,71 @@ print(before, freed, rss())
   assert trimmed < freed - (350 << 20)  # trim() did
 
 
+def test_heap_trim_after_growth_settles_after_each_trim(monkeypatch):
+  """HeapTrim.after_step: the first step after a trim sets the level; a later step more than growth_gb above it
+  trims once (and reports it), and the level is set again by the next step; off (0 GB, or trims disabled), it
+  never reads the resident size."""
+  from opd_jax.train import malloc, process_memory
+  sizes, trims, reports, waits = [], [], [], []
+  monkeypatch.setattr(process_memory, "rss_bytes", lambda: (sizes.pop(0), 0))
+  monkeypatch.setattr(malloc, "trim", lambda: trims.append(1) or True)
+  heap = malloc.HeapTrim(True, 1.5, wait=lambda: waits.append(1))
+  sizes[:] = [5.6e9, 6.0e9, 7.0e9, 7.7e9, 5.5e9, 7.0e9, 7.2e9]
+  for _ in range(7):
+    heap.after_step(reports.append)
+  # 5.6 settles; 6.0 and 7.0 are within 1.5 GB; 7.7 is 2.1 above: trim; 5.5 settles again; 7.0 is 1.5 above (not
+  # more); 7.2 is more
+  assert len(trims) == len(waits) == len(reports) == 2
+  assert reports[0].startswith("the heap grew to 7.70 GB resident, 2.10 GB above the 5.60 GB it settled at")
+  heap.trim()  # a save's trim sets the level again too
+  sizes[:] = [9.0e9, 9.1e9]
+  heap.after_step(reports.append), heap.after_step(reports.append)
+  assert len(trims) == 3 and len(reports) == 2
+  malloc.HeapTrim(True, 0.0).after_step(reports.append)  # growth off: the saves' trims only
+  disabled = malloc.HeapTrim(False, 1.5)  # train.malloc_trim off: no trim at all
+  disabled.after_step(reports.append), disabled.trim()
+  assert len(trims) == 3 and not sizes  # nothing read, nothing more trimmed
+
+
+def test_heap_trim_gives_back_a_hole_that_a_kept_heap_outgrew():
+  """The mechanism HeapTrim answers, on the real glibc with freed memory kept: a freed 400 MB block split by a small
+  allocation no longer fits the next 400 MB block, so the heap grows by the whole block while the hole stays
+  resident; after_step sees the growth and its trim gives the hole's pages back."""
+  from opd_jax.train import malloc
+  if not (sys.platform == "linux" and malloc._glibc_at_least(2, 35)):
+    return
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = f"""import ctypes, sys
+sys.path.insert(0, {root!r})
+from opd_jax.train import malloc, process_memory
+rss = lambda: process_memory.rss_bytes()[0]
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+MB = 1 << 20
+libc.malloc(MB)
+block = libc.malloc(400 * MB)
+libc.malloc(MB)  # above the block: once freed, the block is a hole inside the heap, not its top
+ctypes.memset(block, 1, 400 * MB)
+libc.free(ctypes.c_void_p(block))
+reused = libc.malloc(400 * MB) == block  # unsplit, the hole takes the next block of its size
+libc.free(ctypes.c_void_p(block))
+heap, reports = malloc.HeapTrim(True, 0.2), []
+heap.after_step(reports.append)  # settles with the hole resident
+small = [libc.malloc(64 << 10) for _ in range(4)]  # served from the hole, which splits it
+again = libc.malloc(400 * MB)
+ctypes.memset(again, 1, 400 * MB)
+grown = rss()
+heap.after_step(reports.append)
+print(int(reused), len(reports), grown, rss())
+"""
+  env = dict(os.environ, GLIBC_TUNABLES=":".join(malloc.KEEP_FREED))
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  reused, reported, grown, trimmed = (int(x) for x in out.stdout.split())
+  assert reused and reported == 1
+  assert trimmed < grown - (350 << 20)  # the hole's pages went back
+
+
 @pytest.mark.slow
 def test_malloc_benchmark_runs_both_settings_with_the_same_numbers(tmp_path):
   """launch/bench/malloc.py at toy size (pair1's smoke config): one run per setting, each with its own step times,

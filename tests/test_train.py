@@ -168,21 +168,30 @@ def test_evaluations_do_not_change_the_training_trajectory(tiny_pair, tmp_path):
 
 def test_memory_is_trimmed_after_each_finished_save_and_evaluation(tiny_pair, tmp_path, monkeypatch):
   """train.malloc_trim: malloc_trim runs after each evaluation and after each checkpoint save has finished (its
-  step directory is final), so a heap that keeps freed memory does not keep theirs; off, it never runs."""
-  from opd_jax.train import malloc
-  for on in (True, False):
-    calls, workdir = [], str(tmp_path / f"trim_{on}")
+  step directory is final), so a heap that keeps freed memory does not keep theirs; off, it never runs. With
+  train.malloc_trim_growth_gb, also after a step whose resident size rose that much above the level of the first step
+  since the last trim (here every read grows 2 GB: steps 2 and 4, the steps after a settling step)."""
+  from opd_jax.train import malloc, process_memory
+  grows = iter(range(10**9, 10**12, 2 * 10**9))
+  monkeypatch.setattr(process_memory, "rss_bytes", lambda: (next(grows), 0))
+  saves_and_evals = [[], ["2"], ["2"], ["2", "4"]]
+  for on, growth, expected in ((True, 0.0, saves_and_evals), (False, 0.0, []),
+                               (True, 1.5, [[], [], ["2"], ["2"], ["2"], ["2", "4"]])):
+    calls, workdir = [], str(tmp_path / f"trim_{on}_{growth}")
     checkpoints = os.path.join(workdir, "checkpoints")
     monkeypatch.setattr(malloc, "trim", lambda: calls.append(sorted(n for n in os.listdir(checkpoints)
                                                                     if n.isdigit())) or True)
     train(_config(tiny_pair, **{"train.steps": 4, "train.log_every": 2, "train.eval_every": 2,
-                                "train.checkpoint_every": 2, "train.malloc_trim": on}), workdir)
-    assert calls == ([[], ["2"], ["2"], ["2", "4"]] if on else [])
+                                "train.checkpoint_every": 2, "train.malloc_trim": on,
+                                "train.malloc_trim_growth_gb": growth}), workdir)
+    assert calls == expected
   with pytest.raises(InputError, match="train.malloc_trim must be True or False, got 'yes'"):
     config = _config(tiny_pair)
     del config.train.malloc_trim
     config.train.malloc_trim = "yes"  # as a config file could set it
     RunSpec.from_config(config)
+  with pytest.raises(InputError, match=r"train.malloc_trim_growth_gb must be a number >= 0 \(GB; 0 = off\), got -1"):
+    RunSpec.from_config(_config(tiny_pair, **{"train.malloc_trim_growth_gb": -1.0}))
 
 
 def test_second_trainer_on_a_live_workdir_is_refused(tiny_pair, tmp_path):

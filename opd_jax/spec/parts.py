@@ -153,6 +153,7 @@ class TrainSpec:
   malloc_huge_pages: bool = True
   malloc_keep_freed: bool = True
   malloc_trim: bool = True
+  malloc_trim_growth_gb: float = 0.0
   export_dtype: str = "float32"
 
   @classmethod
@@ -177,6 +178,9 @@ class TrainSpec:
                        f"{t.batch_size}; pick a divisor (or 0 for no micro-batching)")
     if not isinstance(t.malloc_trim, bool):
       raise InputError(f"train.malloc_trim must be True or False, got {t.malloc_trim!r}")
+    if not _is_number(t.malloc_trim_growth_gb) or t.malloc_trim_growth_gb < 0:
+      raise InputError(f"train.malloc_trim_growth_gb must be a number >= 0 (GB; 0 = off), got "
+                       f"{t.malloc_trim_growth_gb!r}")
     if t.eval_weights not in EVAL_WEIGHTS:
       raise InputError(f"train.eval_weights must be one of {EVAL_WEIGHTS}, got {t.eval_weights!r}")
     if t.export_dtype not in EXPORT_DTYPES:

@@ -63,7 +63,7 @@ def train(config, workdir: str) -> dict:
     interval, clock = Interval(run, writer, resumed.pending), _Clock(resumed.train_s)
     skip_guard = SkipGuard(t.max_skipped_steps, writer.warn, checkpointer.directory)
     reached, version = False, start_step
-    trim = (lambda: _trim(checkpointer)) if t.malloc_trim else (lambda: None)  # after saves and evaluations
+    heap = malloc.HeapTrim(t.malloc_trim, t.malloc_trim_growth_gb, wait=checkpointer.finish_save)
 
     def log_row(version: int) -> None:
       writer.write(version, interval.row(state, data_state))
@@ -72,7 +72,7 @@ def train(config, workdir: str) -> dict:
       nonlocal final, reached
       start = time.time()
       final = evaluate(state.params, version)
-      trim()
+      heap.trim()
       final["time/train_s"] = clock.train_s(start)
       writer.write(version, final)
       clock.pause(time.time() - start)
@@ -84,8 +84,8 @@ def train(config, workdir: str) -> dict:
       produced = versions.next_batch(step, state.params)
       data_state = produced.data_state
       state, metrics = _update(run.programs.train_step, state, produced.batch, run.teacher_state)
-      if step == start_step:
-        metrics.update(preflight)  # the served teacher's preflight, logged with the first interval
+      heap.after_step(writer.warn)  # a heap grown between saves is trimmed (train.malloc_trim_growth_gb)
+      metrics.update(preflight if step == start_step else {})  # a served teacher's preflight, in the first interval
       skip_guard.observe(step + 1, metrics["skipped"])
       metrics["rollout/version_lag"] = step - produced.version
       metrics.update(produced.engine)
@@ -102,14 +102,14 @@ def train(config, workdir: str) -> dict:
         checkpointer.save(version, {"train": state, "snapshots": versions.snapshots.state_dict()},
                           run_meta(spec, step=version, data_state=data_state, pending=interval.pending,
                                    versions=versions, train_s=clock.train_s(time.time())))
-        trim()
+        heap.trim()
       if stopping:
         break
     skip_guard.flush()
     if preemption.requested() and start_step < t.steps and version < t.steps:
       raise preemption.stopped(version, checkpointer.directory)
     if t.export_dtype and start_step < t.steps and version == t.steps:  # the student as an HF checkpoint
-      trim()
+      heap.trim()
       export_student(run.graphdef, state.params, spec.pair.student, os.path.join(workdir, "export"),
                      spec.pair.tokenizer or None, dtype=t.export_dtype)
   return final
@@ -121,13 +121,6 @@ def _update(train_step, state, batch, teacher_state):
   start = time.perf_counter()
   state, metrics = jax.block_until_ready(train_step(state, batch, teacher_state))
   return state, {**metrics, "perf/update_s": time.perf_counter() - start}
-
-
-def _trim(checkpointer: Checkpointer) -> None:
-  """Hands free memory back to the kernel once the save in flight is done, so that what a save or an evaluation
-  allocated does not stack on a heap that keeps freed memory (opd_jax/train/malloc.py)."""
-  checkpointer.finish_save()
-  malloc.trim()
 
 
 def _open_workdir(workdir: str, keep_checkpoints: int, stack: contextlib.ExitStack):

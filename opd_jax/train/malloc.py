@@ -32,6 +32,13 @@ the kernel) after each save and evaluation and before the export; the next step 
 30-step int4 real-pair run with a save every 5 steps peaked at 5.67 GB with it against 9.16 GB without, the steps
 after saves taking about 6 s more each (results/bench/rss_trim.json). It does not bound every run: one of the first
 two 300-step real-pair runs with it peaked at 11.04 GB, the other at 6.20 GB (docs/benchmarks.md).
+
+Growth between saves: the per-step RSS of real-pair runs shows the kept heap rising by about 2 GB in one step, with
+no save or evaluation, a few times a run, and each trim after a save bringing it back (docs/benchmarks.md). The
+likely cause is fragmentation: a step's largest block (one of 2.0 GB there, strace above) no longer fits in the
+freed space that smaller blocks have split, so the heap grows by a whole block while the old space stays resident
+(tests/test_memory_plan.py shows this on glibc at 400 MB). `HeapTrim` with `train.malloc_trim_growth_gb` > 0 trims after a step whose resident size rose that much
+above the level the heap settled at after the last trim; the next step faults its pool in once more.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import platform
 import sys
 
 from opd_jax.errors import InputError
+from opd_jax.train import process_memory
 
 _M_ARENA_MAX = -8  # mallopt parameter number, from glibc's malloc.h
 
@@ -76,6 +84,36 @@ def trim() -> bool:
     return False
   malloc_trim(0)
   return True
+
+
+class HeapTrim:
+  """The loop's trims (enabled: train.malloc_trim). `trim()` after each save and evaluation and before the export,
+  so that what those phases allocated does not stack on a heap that keeps freed memory; `after_step(report)`
+  trims when the resident size has risen more than `growth_gb` GB (train.malloc_trim_growth_gb; 0 = never) above
+  its level after the first step since the last trim, and passes `report` one line saying so. `wait` runs before
+  each trim (the checkpointer's finish_save: a save in flight still holds its buffers)."""
+
+  def __init__(self, enabled: bool, growth_gb: float, wait=lambda: None):
+    self._enabled, self._growth, self._wait = enabled, growth_gb * 1e9 if enabled else 0.0, wait
+    self._settled: int | None = None  # bytes resident after the first step since the last trim
+
+  def trim(self) -> None:
+    if self._enabled:
+      self._wait()
+      trim()
+      self._settled = None
+
+  def after_step(self, report) -> None:
+    if not self._growth:
+      return
+    current = process_memory.rss_bytes()[0]
+    if self._settled is None:
+      self._settled = current
+    elif current > self._settled + self._growth:
+      settled = self._settled
+      self.trim()
+      report(f"the heap grew to {current / 1e9:.2f} GB resident, {(current - settled) / 1e9:.2f} GB above the "
+             f"{settled / 1e9:.2f} GB it settled at: trimmed (train.malloc_trim_growth_gb)")
 
 
 HUGETLB = "glibc.malloc.hugetlb=1"  # glibc tunable: malloc madvises transparent huge pages for its memory
