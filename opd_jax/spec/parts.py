@@ -153,7 +153,7 @@ class TrainSpec:
   malloc_huge_pages: bool = True
   malloc_keep_freed: bool = True
   malloc_trim: bool = True
-  malloc_trim_growth_gb: float = 0.0
+  malloc_trim_growth_gb: float = 1.0
   export_dtype: str = "float32"
 
   @classmethod

@@ -33,12 +33,15 @@ the kernel) after each save and evaluation and before the export; the next step 
 after saves taking about 6 s more each (results/bench/rss_trim.json). It does not bound every run: one of the first
 two 300-step real-pair runs with it peaked at 11.04 GB, the other at 6.20 GB (docs/benchmarks.md).
 
-Growth between saves: the per-step RSS of real-pair runs shows the kept heap rising by about 2 GB in one step, with
-no save or evaluation, a few times a run, and each trim after a save bringing it back (docs/benchmarks.md). The
-likely cause is fragmentation: a step's largest block (one of 2.0 GB there, strace above) no longer fits in the
-freed space that smaller blocks have split, so the heap grows by a whole block while the old space stays resident
-(tests/test_memory_plan.py shows this on glibc at 400 MB). `HeapTrim` with `train.malloc_trim_growth_gb` > 0 trims after a step whose resident size rose that much
-above the level the heap settled at after the last trim; the next step faults its pool in once more.
+Growth between saves: the per-step RSS of real-pair runs shows the kept heap rising by about 2 GB in one step, with no
+save or evaluation, a few times a run, and each trim after a save bringing it back (docs/benchmarks.md). The likely
+cause is fragmentation: a step's largest block (one of 2.0 GB there, strace above) no longer fits in the freed space
+that smaller blocks have split, so the heap grows by a whole block while the old space stays resident
+(tests/test_memory_plan.py shows this on glibc at 400 MB). `HeapTrim` with `train.malloc_trim_growth_gb` > 0 (default 1)
+trims after a step whose resident size rose that much above the level the heap settled at after the last trim; the next
+step faults its pool in once more. On the real-pair seed that grew, a 1 GB threshold took the peak from 10.15 to 7.43
+GB, the level of the seeds that never grew, with two such trims in 320 steps costing about 5.5 s each
+(results/smollm2/heap_trim_growth/).
 """
 
 from __future__ import annotations
