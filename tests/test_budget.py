@@ -142,7 +142,9 @@ def test_budget_file_has_pairs_pooled_and_transfer():
   assert set(budget["budgets"]) == {"pair1", "pair2", "pooled"}
   assert budget["scale"] == "k3" and budget["scale_measured_as"].startswith("run mean")  # which k3: the file says
   assert set(budget["other_scales"]["pooled"]) == {"k1", "tv", "mult_prob_error"}
-  assert budget["transfer"]["max_over_min"] >= 1.0
+  per_pair = budget["transfer"]["per_pair_budgets"]
+  assert per_pair == {p: budget["budgets"][p]["budget"] for p in ("pair1", "pair2")}  # not the pooled one
+  assert budget["transfer"]["max_over_min"] == pytest.approx(max(per_pair.values()) / min(per_pair.values()))
 
 
 def _with(rows, **fields):

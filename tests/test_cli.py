@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +53,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
   assert result.returncode == 2, result.stderr[-2000:]
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0]
-  assert not os.listdir(tmp_path)  # nothing written
+  if args[0].endswith("train.py"):  # the workdir it was given stays empty (sample.py writes no file at all)
+    assert not os.listdir(tmp_path)
 
 
 @pytest.mark.slow
@@ -59,15 +62,17 @@ def test_launch_scripts_fill_and_reuse_the_compilation_cache(tiny_pair, tmp_path
   cache = tmp_path / "cache"
   args = ["launch/sample.py", f"--checkpoint={tiny_pair['student']}", "--prompt_ids=5,6,7", "--max_new_tokens=6",
           "--temperature=0", "--json"]
-  outputs = []
+  outputs, entries = [], []
   for _ in range(2):
     result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
                                  "OPD_JAX_COMPILATION_CACHE": str(cache)})
     assert result.returncode == 0, result.stderr[-2000:]
     outputs.append(result.stdout)
-    entries = sorted(os.listdir(cache))
-  assert entries and outputs[0] == outputs[1]  # the second run loads executables and answers the same
+    entries.append(sorted(os.listdir(cache)))
+  assert entries[0], "the first run wrote no executable to the cache"
+  assert entries[1] == entries[0]  # the second run compiled nothing new: every executable came from the cache
+  assert outputs[0] == outputs[1]  # and answers the same
 
 
 def test_the_compilation_cache_switch_is_not_a_folder_named_on():
@@ -221,8 +226,9 @@ def test_a_run_with_the_paged_engine_trains_and_logs_its_statistics(tiny_pair, t
                 "--config.train.progress_bar=False", "--config.train.export_dtype=")
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / "metrics.jsonl") as f:
-    rows = [r for r in map(json.loads, f) if "rollout/engine_rounds" in r]
-  assert rows and all(r["rollout/engine_peak_rows"] >= 1 and r["rollout/engine_preempted"] == 0 for r in rows)
+    rows = [r for r in map(json.loads, f) if "loss" in r]  # every training log row
+  assert rows and all(r["rollout/engine_rounds"] >= 1 for r in rows)
+  assert all(r["rollout/engine_peak_rows"] >= 1 and r["rollout/engine_preempted"] == 0 for r in rows)
   assert all(abs(r["mismatch/k3"]) < 1e-5 for r in rows)
 
 
@@ -238,11 +244,16 @@ def test_an_async_run_with_inflight_updates_logs_each_tokens_version_lag(tiny_pa
                                   "--config.train.max_staleness=2"), (*common, f"--workdir={tmp_path / 'sync'}"))
   assert inflight.returncode == 0, inflight.stderr[-3000:]
   with open(tmp_path / "async" / "metrics.jsonl") as f:
-    rows = [r for r in map(json.loads, f) if "mismatch/token_version_lag" in r]
+    rows = [r for r in map(json.loads, f) if "loss" in r]  # every training log row
   assert rows and all(0 <= r["mismatch/token_version_lag"] <= 2 for r in rows)
+  assert any(r["mismatch_lag/tokens_lag1"] > 0 for r in rows)  # some tokens were sampled by older weights
   for r in rows:
     shares = [r[f"mismatch_lag/tokens_lag{name}"] for name in ("0", "1", "2", "3+")]
     assert abs(sum(shares) - 1) < 1e-5 and shares[3] == 0 and "rollout/engine_weight_updates" in r
-    # k3 >= 0 per token; lag-0 tokens need not be at 0: their context's KV may come from older weights
-    assert all(r[f"mismatch_lag/k3_lag{name}"] >= 0 for name in ("0", "1", "2", "3+"))
+    # lag-0 tokens need not be at 0 (their context's KV may come from older weights)
+    assert all(np.isfinite(r[f"mismatch_lag/k3_lag{name}"]) and r[f"mismatch_lag/k3_lag{name}"] >= 0
+               for name in ("0", "1", "2")), r
+  # tokens sampled by weights an update old differ from the learner's once the updates move the weights (the first
+  # update runs at a learning rate of 0: warmup)
+  assert any(r["mismatch_lag/k3_lag1"] > 0 for r in rows)
   assert sync.returncode == 2 and "error: rollout.inflight_updates=True applies to train.mode='async'" in sync.stderr

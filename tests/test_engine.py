@@ -67,10 +67,12 @@ def test_paged_engine_draws_the_static_samplers_tokens(tiny_checkpoints, family,
   sampling = SamplingConfig(max_new_tokens=N, temperature=temperature, eos_ids=(EOS,), pad_id=PAD, kv_dtype=kv,
                             logits_top_k=5)
   static, paged, stats = _both(tiny_checkpoints[family], sampling)
-  _assert_same(static, paged, {"native": 2e-5, "bf16": 5e-4}.get(kv, 2e-2))
+  tolerance = {"native": 2e-5, "bf16": 5e-4}.get(kv, 2e-2)
+  _assert_same(static, paged, tolerance)
   real = np.asarray(static.mask_BxN) > 0  # the top-k log-probs of every drawn token (after EOS: static's only)
   np.testing.assert_array_equal(np.asarray(paged.top_ids_BxNxK)[real], np.asarray(static.top_ids_BxNxK)[real])
-  assert np.abs(np.asarray(paged.top_logprobs_BxNxK) - np.asarray(static.top_logprobs_BxNxK))[real].max() <= 2e-2
+  top_diff = np.abs(np.asarray(paged.top_logprobs_BxNxK) - np.asarray(static.top_logprobs_BxNxK))[real]
+  assert top_diff.max() <= tolerance, top_diff.max()
   assert stats["useful_tokens"] == int(np.asarray(static.mask_BxN).sum())
 
 
@@ -169,7 +171,10 @@ def test_a_group_shares_its_prompt_pages_and_draws_the_static_samplers_tokens(ti
   alone = PagedEngine(graphdef, dataclasses.replace(sampling, samples_per_prompt=1), grouped)
   separate = alone.generate(state, prompts, _keys(len(prompts)))
   _assert_same(separate[0], paged, 2e-2)
-  assert stats["peak_pages"] < separate[1]["peak_pages"] or prompt_len < 4
+  if prompt_len >= grouped.page_size:  # a full prompt page is shared by the group's four rows
+    assert stats["peak_pages"] < separate[1]["peak_pages"]
+  else:  # a prompt inside one page: no full page to share (each row gets its own copy of the partial one)
+    assert stats["peak_pages"] <= separate[1]["peak_pages"]
   with pytest.raises(InputError, match="their prompts differ"):
     PagedEngine(graphdef, sampling, grouped).generate(state, prompts[:3] + prompts[4:5])
 

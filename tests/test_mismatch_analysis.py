@@ -61,6 +61,7 @@ def test_weight_recipes_and_the_sensitivity_scan_on_gemma3(tmp_path):
   calibration = Calibration.from_spec(screening_spec(config), num_prompts=16)
   rows = scan(calibration, "fp8", RolloutConfig(max_new_tokens=12))
   assert {"layer 0", "layer 1", "q_proj", "down_proj", "embed"} <= {r["name"] for r in rows}
+  assert [r["k3"] for r in rows] == sorted((r["k3"] for r in rows), reverse=True)  # ranked, most sensitive first
   assert all(r["k3"] >= 0 for r in rows) and rows[0]["k3"] > 0
   fitted = fit_recipe(calibration, "fp8", RolloutConfig(max_new_tokens=12), rows, target_k3=0.0)
   everything = fit_recipe(calibration, "fp8", RolloutConfig(max_new_tokens=12), rows, target_k3=float("inf"))

@@ -1,6 +1,7 @@
 """The shipped embedded pairs: loadable by us and by transformers, and as accurate as build_info.json says."""
 
 import json
+import math
 import os
 
 import jax
@@ -41,5 +42,8 @@ def test_pair_accuracy_matches_build_info(pair):
                                                pad_id=0))
     accuracy = evaluate(sampler, state, load_tokenizer(path), problems, max_prompt_tokens=20, batch_size=128,
                         key=jax.random.key(0))["accuracy"]
-    # 128 of the 512 problems: within ~4 standard errors of the recorded accuracy.
-    assert abs(accuracy - info[role]["heldout_greedy_accuracy"]) <= 0.15, (role, accuracy)
+    # 128 of the 512 problems: within 4 standard errors of the recorded accuracy p (a quarter of a finite set:
+    # sqrt(p(1-p)/128 * 3/4)), plus one problem for a greedy answer another host's float arithmetic may flip:
+    # 0.02-0.04 for the teachers at 99%, 0.07 at 95%, 0.14 at 76% (pairx), 0.15 for the students at 34-38%.
+    p = info[role]["heldout_greedy_accuracy"]
+    assert abs(accuracy - p) <= 4 * math.sqrt(p * (1 - p) / 128 * 0.75) + 1 / 128, (role, accuracy, p)

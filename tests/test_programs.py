@@ -20,11 +20,12 @@ from opd_jax.train import programs
 from opd_jax.train.optimizer import make_optimizer, make_schedule
 from opd_jax.train.step import RolloutBatch, TrainState
 
-# An embedding of 8192 x 64 float32 = 2 MiB: a program that captured it would hold a constant over the limit.
+# A program that captured a weight would hold it as a constant over LIMIT: the 8192 x 64 float32 embedding is 2 MiB,
+# the smallest kernel (k_proj, [2, 64, 32] stacked) 16 KiB, 8 KiB a layer; only the norms' scales (256-512 bytes) fit.
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=8192, hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                      tie_word_embeddings=True, eos_token_id=(1,))
-LIMIT = 1 << 20
+LIMIT = 1 << 10
 _CONSTANT = re.compile(r"stablehlo\.constant (dense_resource<[^>]*>|dense<\"0x[0-9A-Fa-f]*\">|dense<\[.*?\]>) : "
                        r"tensor<([0-9x]+)x(f32|bf16|f16|i32|i8|ui8|f8\w*)>")
 _BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i8": 1, "ui8": 1}
@@ -96,6 +97,9 @@ def test_the_check_finds_a_captured_weight(run):
   embedding = teacher["embed_tokens"]["embedding"].get_value()
   captured = jax.jit(lambda tokens: jnp.take(embedding, tokens, axis=0)).lower(jnp.ones((2, 3), jnp.int32))
   assert large_constants(captured) == ["8192x64xf32 (2097152 bytes)"]
+  kernel = teacher["layers"]["self_attn"]["k_proj"]["kernel"].get_value()[0]  # the smallest kernel, one layer
+  captured = jax.jit(lambda x: x @ kernel).lower(jnp.ones((2, 64), jnp.float32))
+  assert large_constants(captured) == ["64x32xf32 (8192 bytes)"]
   argument = jax.jit(lambda table, tokens: jnp.take(table, tokens, axis=0)).lower(embedding, jnp.ones((2, 3), jnp.int32))
   assert large_constants(argument) == []
 

@@ -96,6 +96,8 @@ def test_every_row_is_scored_by_its_own_teacher_in_process_or_served():
   for n in range(2):
     rows = (route == n)[:, None] & (mask > 0)
     np.testing.assert_allclose(np.asarray(got.logp_BxR)[rows], np.asarray(want[n].logp_BxR)[rows], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got.top_logp_BxRxK)[rows], np.asarray(want[n].top_logp_BxRxK)[rows],
+                               atol=1e-4)
 
 
 def _rows(workdir):
