@@ -134,6 +134,8 @@ def _parse_flags(argv: list[str], required: tuple[str, ...]) -> list[str]:
     fail(_flag_error(str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: a --config.x.y override names no field
     fail(_override_error(argv, e))
+  except SyntaxError as e:  # a config file that is not valid Python
+    fail(f"config file {e.filename!r} is not valid Python ({e.msg}, line {e.lineno}); fix it or give another --config")
   for name in flags.FLAGS:  # ml_collections defers a config file it cannot read to the first use
     if type(flags.FLAGS[name].value).__name__ == "_ErrorConfig":
       given = next((a for a in argv[1:] if a.startswith(f"--{name}=")), f"--{name}")

@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 
+from opd_jax.errors import InputError
+
 
 def sha256(path: str) -> str:
   """sha256 of a file's bytes (hex), read in 16 MiB blocks."""
@@ -17,11 +19,27 @@ def sha256(path: str) -> str:
 
 
 def write_text(path: str, text: str) -> None:
-  """The whole file or nothing: written beside it, then renamed over it."""
+  """The whole file or nothing: written beside it, then renamed over it (the temporary file goes on failure)."""
   tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.isfile(tmp):
+      os.remove(tmp)
+    raise
+
+
+def check_output_file(path: str, flag: str, inputs: tuple = ()) -> None:
+  """Before any work: `path` (a command's `flag`) can be written as a file, and is none of its `inputs`."""
+  if any(os.path.realpath(path) == os.path.realpath(i) for i in inputs if i):
+    raise InputError(f"{flag}={path!r} is also one of the command's inputs; write the output to another file")
+  if os.path.isdir(path):
+    raise InputError(f"{flag}={path!r} is a directory; name a file in it, e.g. {os.path.join(path, 'budget.json')!r}")
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    raise InputError(f"{flag}={path!r}: its folder {folder!r} does not exist; create it or choose another")
 
 
 def write_json(path: str, value, indent: int | None = 2, ensure_ascii: bool = True) -> None:

@@ -245,6 +245,14 @@ def test_sweep_records_failures_and_resumes(tmp_path):
     bad = _sweep()
     bad.points = (("fp8", ()),)
     run_sweep(bad, str(tmp_path / "x"), _fake_pair_config, _fake_train([]))
+  # a typo in a point's field, or an objective that does not exist: one error before anything runs or is written
+  for field, value, message in (("rollout.weigths", "fp8", "no field 'weigths'"),
+                                ("objective.name", "revrse_kl", "'revrse_kl' is unknown")):
+    typo = _sweep()
+    typo.points = (("baseline", ()), ("typo", ((field, value),)))
+    with pytest.raises(ValueError, match=f"point 'typo' on pair1: .*{message}"):
+      run_sweep(typo, str(tmp_path / "typo"), _fake_pair_config, _fake_train(calls))
+  assert len(calls) == 4 and not os.path.exists(tmp_path / "typo")
 
 
 def test_a_preempted_point_stops_the_sweep_and_resumes_on_rerun(tmp_path):

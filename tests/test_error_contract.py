@@ -133,6 +133,11 @@ CASES = [
     ("admission_k3_prompts", "launch/admission_k3.py", "--results={d}/none.jsonl", "--prompts=0",
      "--prompts=0 must be >= 1"),
     ("calibrate_directory", "launch/calibrate.py", "--results={d}", "--out={d}/b.json", "is a directory"),
+    ("calibrate_out_is_input", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/ok.jsonl",
+     "ok.jsonl' is also one of the command's inputs"),
+    ("calibrate_out_folder", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/nope/b.json",
+     "its folder"),
+    ("calibrate_out_directory", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}", "is a directory"),
     ("calibrate_nothing_usable", "launch/calibrate.py", "--results={d}/ok.jsonl", "--out={d}/b.json",
      "ok.jsonl (1 rows)"),
     # admit.py (the budget is checked before anything is measured)
@@ -222,6 +227,10 @@ CASES = [
      "does not exist"),
     ("sweep_unknown_field", "launch/sweep.py", "--config=configs/sweeps/noise.py", "--config.stepz=1",
      "--workdir={d}/file", "no field 'stepz'"),  # and a workdir that is a file: the field is named first
+    ("sweep_pair_config", "launch/sweep.py", "--config=configs/pair1.py:runlocal", "--workdir={d}/sweep",
+     "is not a sweep config"),
+    ("train_config_syntax", "launch/train.py", "--config={d}/syntax.py", "--workdir={d}/run",
+     "syntax.py' is not valid Python"),
     ("plan_unknown_model", "launch/plan_memory.py", "--config=configs/real/qwen3_1p7b_to_0p6b.py",
      "--config.teacher=qwen9", "config.teacher='qwen9'"),
     ("plan_rollout_devices", "launch/plan_memory.py", "--config=configs/real/qwen3_1p7b_to_0p6b.py", "--devices=2",
@@ -328,6 +337,8 @@ def _setup(case_id: str, d: str, pair: dict) -> dict:
       json.dump(value, f)
   with open(os.path.join(d, "truncated.json"), "w") as f:
     f.write('{"scale": "k3", "budgets": {"pooled": {"budg')
+  with open(os.path.join(d, "syntax.py"), "w") as f:
+    f.write("def get_config(:\n  pass\n")
   values = {"d": d, **pair}
   damage = next((how for how in ("config_list", "truncated_weights", "nan") if how in case_id), None)
   if damage:

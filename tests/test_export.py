@@ -91,12 +91,27 @@ def test_bad_step_is_one_error_line_and_leaves_nothing(run, tmp_path):
   assert not os.listdir(tmp_path)
 
 
+def test_a_damaged_checkpoint_is_one_error_naming_the_other_steps(run, tmp_path):
+  import shutil
+  from tests.test_train import _damage_arrays
+  copy = str(tmp_path / "run")
+  shutil.copytree(run, copy)
+  _damage_arrays(os.path.join(copy, "checkpoints"), 2)
+  with pytest.raises(ValueError, match=r"checkpoint step 2 in .* is damaged \(.*\); export another --step \(1\)"):
+    export.restore_params(copy, 2)
+  export.restore_params(copy, 1)  # the intact one still exports
+
+
 def test_workdir_errors(tmp_path):
   with pytest.raises(ValueError, match="does not exist"):
     export.resolve_step(str(tmp_path / "missing"))
   with pytest.raises(ValueError, match="no checkpoints"):
     export.resolve_step(str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")
+  for text, detail in (('{"pair": "pair1", "teacher": ', "Expecting value"), ('{"pair": "pair1"}', "no field")):
+    (tmp_path / "config.json").write_text(text)  # cut short; a config of something else
+    with pytest.raises(ValueError, match=f"is not a launch/train.py run's config \\({detail}"):
+      export.read_run_pair(str(tmp_path))
 
 
 @pytest.mark.slow
@@ -145,6 +160,12 @@ def test_bfloat16_export_and_failed_export_keeps_old(run, tmp_path, monkeypatch)
   assert not _leftovers(tmp_path)
   with pytest.raises(ValueError, match="is the student"):
     export.export_student(graphdef, params, student, student)
+  # an out dir that is the run (or any non-empty folder that is not an export) would be replaced whole: refused
+  listing = sorted(os.listdir(run))
+  for target in (run, os.path.dirname(run)):
+    with pytest.raises(ValueError, match="is a non-empty directory that is not an export"):
+      export.export_student(graphdef, params, student, target)
+  assert sorted(os.listdir(run)) == listing
 
 
 _WORKER = """

@@ -82,6 +82,34 @@ def test_preempted_run_resumes_past_a_damaged_checkpoint_and_reproduces_the_run(
     train(other, str(resumed_dir))
 
 
+def test_a_workdir_holding_another_run_is_refused_before_anything_is_written(tiny_pair, tmp_path):
+  """An evaluation-only run (train.steps=0: a record and no checkpoint) keeps it: another pair, another student or
+  another rollout knob run into its workdir is refused in one line, every file left as it was; the same config
+  (a finished run asked again) and a moved checkout of the same models still run."""
+  workdir = str(tmp_path / "run")
+  train(_config(tiny_pair, **{"train.steps": 0}), workdir)
+
+  def files():
+    return {os.path.relpath(os.path.join(root, f), workdir): open(os.path.join(root, f), "rb").read()
+            for root, _, names in os.walk(workdir) for f in names}
+
+  before = files()
+  other_pair = _config(tiny_pair, **{"train.steps": 0})
+  other_pair.pair = "pair2"
+  other_student = _config(tiny_pair, **{"train.steps": 0, "student": tiny_pair["teacher"]})
+  for config, message in ((other_pair, "holds a run of pair 'tiny', but this config is pair 'pair2'"),
+                          (other_student, "holds a run with student 'student', but this config's is 'teacher'"),
+                          (_config(tiny_pair, **{"train.steps": 0, "rollout.weights": "fp8"}),
+                           "holds a run with rollout.weights='none', but this config has 'fp8'")):
+    with pytest.raises(InputError, match=message):
+      train(config, workdir)
+    assert files() == before
+  moved = str(tmp_path / "moved")
+  os.symlink(os.path.dirname(tiny_pair["student"]), moved)
+  train(_config({role: os.path.join(moved, os.path.basename(tiny_pair[role])) for role in ("teacher", "student")},
+                **{"train.steps": 0}), workdir)  # the same run: evaluated again
+
+
 @pytest.mark.slow
 def test_disaggregated_async_on_four_plus_four_devices_logs_and_resumes(tiny_pair, tmp_path, monkeypatch):
   """The sampler on devices 0-3 (fp8 weights, fp8 KV, 4 samples per prompt), the learner on 4-7, rollouts

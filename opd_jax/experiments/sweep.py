@@ -53,6 +53,10 @@ def points_of(sweep) -> list[dict]:
 
 
 def check_sweep(sweep) -> None:
+  missing = [field for field in ("name", "pairs", "points") if field not in sweep]
+  if missing:
+    raise InputError(f"--config is not a sweep config (it has no field {missing[0]!r}); give one of "
+                     "configs/sweeps/*.py, e.g. --config=configs/sweeps/noise.py, whose pairs name the run configs")
   names = [p["name"] for p in points_of(sweep)]
   if len(set(names)) != len(names):
     raise InputError(f"sweep {sweep.name!r}: point names must be unique, got {names}")
@@ -93,6 +97,7 @@ def _summarize(workdir: str) -> dict:
 def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, log=print) -> list[dict]:
   """Runs every (pair, point) not yet "ok" in out/results.jsonl; returns all rows."""
   check_sweep(sweep)
+  _check_overrides(sweep, load_pair_config)  # a typo is one error before anything is written, not N failed points
   os.makedirs(out, exist_ok=True)
   results_path = os.path.join(out, "results.jsonl")
   write_json(os.path.join(out, "sweep.json"), sweep.to_dict())
@@ -130,6 +135,23 @@ def run_sweep(sweep, out: str, load_pair_config: Callable, train_fn: Callable, l
     row["wall_seconds"] = time.time() - start
     append_jsonl(results_path, row)
   return fill_deltas(read_jsonl(results_path))
+
+
+def _check_overrides(sweep, load_pair_config: Callable) -> None:
+  """Every point's overrides name fields of every pair's config, and its objective is a known one."""
+  from opd_jax.objectives import ObjectiveConfig
+  for pair in sweep.pairs:
+    for point in points_of(sweep):
+      config = load_pair_config(pair)
+      try:
+        for key, value in {**dict(sweep.get("base_overrides", ())), **point}.items():
+          if key != "name":
+            set_field(config, key, value)
+        if "objective" in config:
+          ObjectiveConfig(**dict(config.objective))
+      except (InputError, KeyError, TypeError) as e:
+        raise InputError(f"sweep {sweep.name!r}, point {point['name']!r} on {pair}: {e}; fix the sweep config or its "
+                         "arguments") from None
 
 
 def _discard_if_config_changed(workdir: str, config) -> None:

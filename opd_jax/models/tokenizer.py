@@ -29,8 +29,9 @@ def load_tokenizer(path: str):
   rebuilds the pre-tokenizer and silently drops the newlines of a character-level tokenizer.)
   """
   if not has_tokenizer(path):
-    raise CheckpointError(f"checkpoint dir {path!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); "
-                          "pass token ids instead (e.g. --prompt_ids) or copy the tokenizer there")
+    what = "does not exist" if not os.path.isdir(path) else f"has no tokenizer files ({', '.join(_TOKENIZER_FILES)})"
+    raise CheckpointError(f"tokenizer dir {path!r} {what}; give the dir the model's tokenizer files are in, or copy "
+                          "them there (launch/sample.py: --prompt_ids with --json needs none)")
   from transformers import AutoTokenizer, PreTrainedTokenizerFast  # slow import; only pay it when needed
   declared = None
   config_file = os.path.join(path, "tokenizer_config.json")

@@ -157,7 +157,12 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, announce: str = "") ->
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     sock.bind((host, port))
+  except socket.gaierror as e:  # the address, not the port
+    sock.close()
+    raise InputError(f"cannot listen on --host={host} ({e.strerror}); give an address of this machine, e.g. "
+                     "127.0.0.1") from None
   except OSError as e:
+    sock.close()
     raise InputError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
   sock.listen(128)
   bound = sock.getsockname()[1]

@@ -37,6 +37,7 @@ from opd_jax.models.decoder import Decoder
 from opd_jax.models.hf_io import SUPPORTED_DTYPES, canonical_dtype, hf_name
 from opd_jax.models.tokenizer import TOKENIZER_FILES, has_tokenizer
 from opd_jax.spec import PairSpec
+from opd_jax.train.checkpoint import integrity
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
@@ -58,6 +59,9 @@ def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_d
   for source in {student_dir, tokenizer_dir}:
     if os.path.realpath(source) == os.path.realpath(out_dir):
       raise InputError(f"export dir {out_dir!r} is the student / tokenizer dir it reads from; choose another out dir")
+  if _replaces_something_else(out_dir):  # the export replaces out_dir whole
+    raise InputError(f"export dir {out_dir!r} is a non-empty directory that is not an export (a run, or no "
+                     "safetensors), and exporting replaces it whole; choose a new out dir, e.g. <workdir>/export")
   if not has_tokenizer(tokenizer_dir):
     raise InputError(f"tokenizer dir {tokenizer_dir!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}); "
                      "pass the run's tokenizer dir (config.tokenizer)")
@@ -227,6 +231,14 @@ def _replace_dir(tmp: str, out_dir: str) -> None:
 # --- From a training workdir -------------------------------------------------------------------------------------
 
 
+def _replaces_something_else(out_dir: str) -> bool:
+  """True when `out_dir` holds files that are not an earlier export (a run dir, or a folder above one)."""
+  if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+    return False
+  names = set(os.listdir(out_dir))
+  return not any(n.endswith(".safetensors") for n in names) or bool({"checkpoints", "metrics.jsonl"} & names)
+
+
 def read_run_pair(workdir: str) -> PairSpec:
   """The run's pair (from workdir/config.json, written by launch/train.py)."""
   if not os.path.isdir(workdir):
@@ -234,8 +246,13 @@ def read_run_pair(workdir: str) -> PairSpec:
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise InputError(f"workdir {workdir!r} has no config.json; pass the --workdir of a launch/train.py run")
-  with open(path) as f:
-    return PairSpec.from_config(json.load(f))
+  try:
+    with open(path) as f:
+      return PairSpec.from_config(json.load(f))
+  except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+    detail = e.msg if isinstance(e, json.JSONDecodeError) else f"no field {e}" if isinstance(e, KeyError) else e
+    raise InputError(f"{path!r} is not a launch/train.py run's config ({detail}); pass the --workdir of a "
+                     "launch/train.py run, whose config.json it wrote") from None
 
 
 def _manager(workdir: str) -> ocp.CheckpointManager:
@@ -281,10 +298,21 @@ def restore_params(workdir: str, step: int | None = None):
   shardings = shard_lib.state_shardings(abstract_params, mesh)
   target = {"train": {"params": jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                              abstract_params, shardings)}}
+  step_dir = os.path.join(os.path.abspath(workdir), "checkpoints", str(step))
+  others = [d for d in sorted(os.listdir(os.path.dirname(step_dir)), key=lambda d: (len(d), d))
+            if d.isdigit() and d != str(step)]
+  damaged = (f"checkpoint step {step} in {step_dir!r} is damaged ({{}}); export another --step "
+             f"({', '.join(others) if others else 'none left: rerun launch/train.py'})")
+  try:
+    integrity.verify_manifest(step_dir, (jax.process_index(), jax.process_count()))
+  except integrity.Unreadable as e:
+    raise InputError(damaged.format(e)) from None
   manager = _manager(workdir)
   try:
     restored = manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+  except (ValueError, OSError, KeyError) as e:  # orbax / tensorstore reading a cut or missing file
+    raise InputError(damaged.format(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")) from None
   finally:
     manager.close()
   return graphdef, restored.arrays["train"]["params"]

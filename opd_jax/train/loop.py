@@ -26,11 +26,11 @@ from opd_jax.train.export import export_student
 from opd_jax.train.interval import Interval
 from opd_jax.train.logging import MetricsWriter
 from opd_jax.train.preemption import Preemption
-from opd_jax.train.resume import resume, run_meta
+from opd_jax.train.resume import check_new_or_same_run, resume, run_meta
 from opd_jax.train.setup import Run, build_run
 from opd_jax.train.skip_guard import SkipGuard
 from opd_jax.train.versions import WeightVersions
-from opd_jax.train.workdir_lock import WorkdirLock, check_workdir
+from opd_jax.train.workdir_lock import WorkdirLock
 
 
 def train(config, workdir: str) -> dict:
@@ -41,7 +41,7 @@ def train(config, workdir: str) -> dict:
     prepare_pair(config)  # a config that says how makes its teacher / student dirs first (opd_jax/prepare)
     config = RunSpec.from_config(config)
   spec, t = config, config.train
-  check_workdir(workdir)
+  check_new_or_same_run(workdir, spec)  # before anything is written
   with contextlib.ExitStack() as stack:
     run = build_run(spec, stack)
     versions = WeightVersions(spec, run.programs.weight_sync, run.producer, run.prompts)

@@ -9,6 +9,7 @@ staleness: a checkpoint of another run is an error, never a fallback) and the tr
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -18,6 +19,7 @@ from opd_jax.spec import RunSpec
 from opd_jax.train.checkpoint.manager import Checkpointer
 from opd_jax.train.step import TrainState
 from opd_jax.train.versions import WeightVersions
+from opd_jax.train.workdir_lock import check_workdir
 
 
 def run_meta(spec: RunSpec, *, step: int, data_state: dict, pending: list, versions: WeightVersions,
@@ -60,6 +62,59 @@ def resume(checkpointer: Checkpointer, spec: RunSpec, state: TrainState, version
   prompts.set_state(restored.meta["data_state"])
   return Resumed(restored.arrays["train"], int(restored.meta["step"]), restored.meta["pending_metrics"],
                  float(restored.meta.get("train_s", 0.0)))  # absent in checkpoints of older versions
+
+
+# What a run's numbers depend on, beyond its pair: a workdir's config.json must agree on these with a config run
+# into it again (a resume, or a finished run asked again), or that run's record would describe another run.
+_SAME_RUN_FIELDS = ("seed", "teacher_param_dtype", "teacher_compute_dtype", "student_param_dtype",
+                    "student_compute_dtype", "objective", "optimizer", "rollout", "train.steps", "train.batch_size",
+                    "train.mode", "train.max_staleness", "data.source", "data.mix", "data.max_prompt_tokens",
+                    "data.prompt_format", "data.use_chat_template", "data.seed")
+
+
+def check_new_or_same_run(workdir: str, spec: RunSpec) -> None:
+  """Before anything is written: the workdir can be written, and a config.json already in it (a run's record, with
+  or without checkpoints) is of this pair, teacher and student, and agrees on every _SAME_RUN_FIELDS field."""
+  check_workdir(workdir)
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    raise InputError(f"workdir {workdir!r} holds a config.json that cannot be read as JSON; use a new --workdir, "
+                     "or remove that run's files") from None
+  new = json.loads(spec.config_json)
+  if old.get("pair") != new.get("pair"):
+    raise InputError(f"workdir holds a run of pair {old.get('pair')!r}, but this config is pair {new.get('pair')!r}; "
+                     "use a new --workdir")
+  for field in ("teacher", "student"):  # the model, not where it lies: a moved checkout or models dir is the same
+    a, b = (os.path.basename(os.path.normpath(str(c.get(field, "")))) for c in (old, new))
+    if a != b:
+      raise InputError(f"workdir holds a run with {field} {a!r}, but this config's is {b!r}; use a new --workdir")
+  for field in _SAME_RUN_FIELDS:
+    a, b = _get(old, field), _get(new, field)
+    if a != b:
+      changed = _first_difference(field, a, b)
+      raise InputError(f"workdir holds a run with {changed[0]}={changed[1]!r}, but this config has {changed[2]!r}; "
+                       f"use a new --workdir, or the run's own {changed[0]}")
+
+
+def _get(record: dict, dotted: str):
+  """record["a"]["b"] for "a.b" in a stored config.json (None where a level is missing)."""
+  for key in dotted.split("."):
+    record = record.get(key) if isinstance(record, dict) else None
+  return record
+
+
+def _first_difference(field: str, a, b) -> tuple:
+  """(dotted field, old, new) of the first leaf where two config sections differ."""
+  if isinstance(a, dict) and isinstance(b, dict):
+    for key in sorted(set(a) | set(b)):
+      if a.get(key) != b.get(key):
+        return _first_difference(f"{field}.{key}", a.get(key), b.get(key))
+  return field, a, b
 
 
 def check_same_run(meta: dict, spec: RunSpec) -> None:
