@@ -312,10 +312,16 @@ def load_recipe_rules(path: str) -> tuple:
   import json
   if not os.path.isfile(path):
     raise ValueError(f"recipe file {path!r} does not exist (write one with launch/sensitivity.py)")
-  with open(path) as f:
-    rules = json.load(f).get("rules")
-  if not rules:
-    raise ValueError(f"recipe file {path!r} has no 'rules' list")
+  try:
+    with open(path) as f:
+      recipe = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"recipe file {path!r} cannot be read as JSON ({type(e).__name__}); write it again with "
+                     "launch/sensitivity.py") from None
+  rules = recipe.get("rules") if isinstance(recipe, dict) else None
+  if not rules or not isinstance(rules, list) or not all(isinstance(r, list) and len(r) == 2 for r in rules):
+    raise ValueError(f"recipe file {path!r} has no 'rules' list of [regex, precision] pairs (launch/sensitivity.py "
+                     "writes one)")
   return tuple(tuple(rule) for rule in rules)
 
 
