@@ -94,9 +94,8 @@ def check_new_or_same_run(workdir: str, spec: RunSpec) -> None:
     if a != b:
       raise InputError(f"workdir holds a run with {field} {a!r}, but this config's is {b!r}; use a new --workdir")
   for field in _SAME_RUN_FIELDS:
-    a, b = _get(old, field), _get(new, field)
-    if a != b:
-      changed = _first_difference(field, a, b)
+    changed = _first_difference(field, _get(old, field), _get(new, field))
+    if changed:
       raise InputError(f"workdir holds a run with {changed[0]}={changed[1]!r}, but this config has {changed[2]!r}; "
                        f"use a new --workdir, or the run's own {changed[0]}")
 
@@ -108,13 +107,15 @@ def _get(record: dict, dotted: str):
   return record
 
 
-def _first_difference(field: str, a, b) -> tuple:
-  """(dotted field, old, new) of the first leaf where two config sections differ."""
-  if isinstance(a, dict) and isinstance(b, dict):
-    for key in sorted(set(a) | set(b)):
-      if a.get(key) != b.get(key):
-        return _first_difference(f"{field}.{key}", a.get(key), b.get(key))
-  return field, a, b
+def _first_difference(field: str, old, new) -> tuple | None:
+  """(dotted field, old, new) of the first leaf where the stored record differs from the new config; None when
+  they agree. A field the record lacks (written by a version of opd_jax before the field existed) is not compared."""
+  if old is None:
+    return None
+  if isinstance(old, dict) and isinstance(new, dict):
+    return next(filter(None, (_first_difference(f"{field}.{key}", old[key], new.get(key)) for key in sorted(old))),
+                None)
+  return None if old == new else (field, old, new)
 
 
 def check_same_run(meta: dict, spec: RunSpec) -> None:
