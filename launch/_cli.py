@@ -133,6 +133,10 @@ def _parse_flags(argv: list[str], required: tuple[str, ...]) -> list[str]:
   except flags.Error as e:
     fail(_flag_error(str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: a --config.x.y override names no field
+    if "has no attribute 'get_config'" in str(e):
+      given = next((a for a in argv[1:] if a.startswith("--config=")), "--config")
+      fail(f"{given}: the file defines no get_config(arg=None); a config file returns its ConfigDict from it "
+           "(see configs/pair1.py)")
     fail(_override_error(argv, e))
   except SyntaxError as e:  # a config file that is not valid Python
     fail(f"config file {e.filename!r} is not valid Python ({e.msg}, line {e.lineno}); fix it or give another --config")
@@ -141,6 +145,10 @@ def _parse_flags(argv: list[str], required: tuple[str, ...]) -> list[str]:
       given = next((a for a in argv[1:] if a.startswith(f"--{name}=")), f"--{name}")
       path = given.partition("=")[2].split(":")[0]
       fail(f"{given}: config file {path!r} does not exist or cannot be read; give a path like configs/pair1.py")
+    value = flags.FLAGS[name].value  # a config file flag's get_config() must return a ConfigDict
+    if type(flags.FLAGS[name]).__name__ == "_ConfigFlag" and value is not None and not hasattr(value, "lock"):
+      fail(f"--{name}: get_config() returned a {type(value).__name__}, not an ml_collections.ConfigDict; return "
+           "one (see configs/pair1.py)")
   missing = [f"--{name}" for name in required if flags.FLAGS[name].value is None]
   if missing:
     fail(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required; see --helpshort")

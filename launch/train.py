@@ -25,6 +25,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<p
 def main(argv):
   del argv
   config = _CONFIG.value
+  missing = [section for section in ("pair", "train", "distributed") if section not in config]
+  if missing:  # read below before the run's own checks
+    _cli.fail(f"--config has no {missing[0]!r} field; build it on configs/common.py's base_config(pair), which "
+              "carries every field")
   workdir = _WORKDIR.value or os.path.join("runs", config.pair)
   from opd_jax.train import malloc
   t = config.train

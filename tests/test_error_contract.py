@@ -231,6 +231,11 @@ CASES = [
      "is not a sweep config"),
     ("train_config_syntax", "launch/train.py", "--config={d}/syntax.py", "--workdir={d}/run",
      "syntax.py' is not valid Python"),
+    ("train_config_no_get_config", "launch/train.py", "--config={d}/noget.py", "--workdir={d}/run",
+     "the file defines no get_config"),
+    ("train_config_dict", "launch/train.py", "--config={d}/dict.py", "--workdir={d}/run", "returned a dict"),
+    ("train_config_no_section", "launch/train.py", "--config={d}/partial.py", "--workdir={d}/run",
+     "--config has no 'distributed' field"),
     ("train_recipe_truncated", "launch/train.py", "--config=configs/smollm2.py:recipe={d}/truncated.json",
      "--workdir={d}/run", "truncated.json' cannot be read as JSON"),
     ("train_recipe_list", "launch/train.py", "--config=configs/smollm2.py:recipe={d}/list.json", "--workdir={d}/run",
@@ -341,8 +346,12 @@ def _setup(case_id: str, d: str, pair: dict) -> dict:
       json.dump(value, f)
   with open(os.path.join(d, "truncated.json"), "w") as f:
     f.write('{"scale": "k3", "budgets": {"pooled": {"budg')
-  with open(os.path.join(d, "syntax.py"), "w") as f:
-    f.write("def get_config(:\n  pass\n")
+  for name, text in (("syntax.py", "def get_config(:\n  pass\n"), ("noget.py", "X = 1\n"),
+                     ("dict.py", "def get_config(arg=None):\n  return {'pair': 'x'}\n"),
+                     ("partial.py", "import ml_collections\ndef get_config(arg=None):\n"
+                                    "  return ml_collections.ConfigDict({'pair': 'x', 'train': {}})\n")):
+    with open(os.path.join(d, name), "w") as f:
+      f.write(text)
   values = {"d": d, **pair}
   damage = next((how for how in ("config_list", "truncated_weights", "nan") if how in case_id), None)
   if damage:
