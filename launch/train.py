@@ -49,6 +49,11 @@ def main(argv):
   except Preempted as e:  # checkpointed at the step reached: one line, 128 + the signal's number
     print(e, file=sys.stderr, flush=True)
     sys.exit(e.status)
+  if not final:  # no evaluation in this process: nothing was left to run, or stop_after_steps came first
+    print(f"done: {workdir}/metrics.jsonl; " + ("stopped at train.stop_after_steps; rerun to go on"
+                                                 if config.train.stop_after_steps else
+                                                 f"the workdir already holds this run's {config.train.steps} steps"))
+    return
   finished = config.train.export_dtype and config.train.steps and not config.train.stop_after_steps  # at the end
   exported = f"; student exported to {workdir}/export" if finished else ""
   print(f"done: {workdir}/metrics.jsonl; final held-out accuracy {final.get('eval/accuracy', float('nan')):.3f}"

@@ -230,6 +230,12 @@ def test_a_run_with_the_paged_engine_trains_and_logs_its_statistics(tiny_pair, t
   assert rows and all(r["rollout/engine_rounds"] >= 1 for r in rows)
   assert all(r["rollout/engine_peak_rows"] >= 1 and r["rollout/engine_preempted"] == 0 for r in rows)
   assert all(abs(r["mismatch/k3"]) < 1e-5 for r in rows)
+  again = _run("launch/train.py", "--config=configs/pair1.py:runlocal", f"--workdir={tmp_path}",
+               f"--config.teacher={tiny_pair['teacher']}", f"--config.student={tiny_pair['student']}",
+               "--config.rollout.engine=paged", "--config.rollout.page_size=4", "--config.rollout.decode_steps=4",
+               "--config.train.progress_bar=False", "--config.train.export_dtype=")
+  assert again.returncode == 0, again.stderr[-3000:]  # the finished run asked again: says so, claims no result
+  assert again.stdout.strip().splitlines()[-1].endswith("the workdir already holds this run's 6 steps"), again.stdout
 
 
 def test_an_async_run_with_inflight_updates_logs_each_tokens_version_lag(tiny_pair, tmp_path):
