@@ -148,6 +148,10 @@ CASES = [
     ("admit_config_budget_missing", "launch/admit.py", "--config=configs/pair1.py",
      "--config.admission_budget={d}/none.json", "does not exist"),
     ("admit_budget_keys", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/nokeys.json", "'budgets'"),
+    ("admit_budget_section", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/badsection.json",
+     "'horizon_test' must be an object"),
+    ("admit_budget_conversion", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/badconversion.json",
+     "'k3_conversion' must be an object with 'scale', 'by_steps'"),
     ("admit_budget_truncated", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/truncated.json",
      "not valid JSON"),
     ("admit_prompts", "launch/admit.py", "--config=configs/pair1.py", "--budget={d}/budget.json", "--prompts=0",
@@ -339,9 +343,11 @@ def _setup(case_id: str, d: str, pair: dict) -> dict:
     f.write(json.dumps({k: v for k, v in row.items() if k != "pair"}) + "\n")
   with open(os.path.join(d, "ok.jsonl"), "w") as f:
     f.write(json.dumps(row) + "\n")
-  for name, value in (("list.json", [1, 2]), ("nokeys.json", {"scale": "k3"}),
-                      ("budget.json", {"scale": "k3", "budgets": {"pooled": {
-                          "budget": 1e-3, "interval": [5e-4, 2e-3], "bootstrap_budgets": [1e-3]}}})):
+  budget = {"scale": "k3", "budgets": {"pooled": {"budget": 1e-3, "interval": [5e-4, 2e-3],
+                                                   "bootstrap_budgets": [1e-3]}}}
+  for name, value in (("list.json", [1, 2]), ("nokeys.json", {"scale": "k3"}), ("budget.json", budget),
+                      ("badsection.json", {**budget, "horizon_test": "moves"}),  # hand edits
+                      ("badconversion.json", {**budget, "k3_conversion": "1.3"})):
     with open(os.path.join(d, name), "w") as f:
       json.dump(value, f)
   with open(os.path.join(d, "truncated.json"), "w") as f:

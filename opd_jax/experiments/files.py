@@ -133,4 +133,16 @@ def read_budget(path: str) -> dict:
     if entry["budget"] < 0 or not math.isfinite(entry["budget"]) or len(entry["interval"]) != 2:
       raise InputError(f"{where}, budgets[{name!r}]: budget must be a finite number >= 0 with a 2-number "
                        "interval")
+  # The optional sections admission reads, each the shape launch/calibrate.py writes (a hand edit is named here,
+  # before anything is measured, not met as a traceback later).
+  horizons = budget.get("horizons", [])
+  if not isinstance(horizons, list) or not all(h is None or (isinstance(h, int) and h > 0) for h in horizons):
+    raise InputError(f"{where}: 'horizons' must be a list of run lengths (integers > 0); make the file with "
+                     "launch/calibrate.py")
+  for section, keys in (("horizon_test", ()), ("per_pair_test", ()), ("k3_conversion", ("scale", "by_steps"))):
+    value = budget.get(section)
+    if value is not None and (not isinstance(value, dict) or any(k not in value for k in keys)
+                              or not isinstance(value.get("by_steps", {}), dict)):
+      raise InputError(f"{where}: {section!r} must be an object{' with ' + ', '.join(map(repr, keys)) if keys else ''}"
+                       "; make the file with launch/calibrate.py")
   return budget
