@@ -44,6 +44,8 @@ def serve():
     raise InputError("give exactly one of --config (serve its teacher) or --checkpoint (an HF dir)")
   if _MAX_TOP_K.value < 0 or not 0 <= _PORT.value < 65536:
     raise InputError(f"--max_top_k must be >= 0 and --port in 0..65535, got {_MAX_TOP_K.value}, {_PORT.value}")
+  if _CHUNK.value < 0:
+    raise InputError(f"--logits_chunk must be >= 0 (tokens per vocabulary chunk; 0 = all at once), got {_CHUNK.value}")
   if _CONFIG.value is not None:
     config = _CONFIG.value
     model = load_model(PairSpec.from_config(config), "teacher", vocab=pair_vocab(config))

@@ -70,6 +70,7 @@ CASES = [
     ("train_teacher_endpoint", *TRAIN, "--config.teacher_endpoint=localhost:8000", "is not an http(s) URL"),
     ("train_served_preflight", *TRAIN, "--config.teacher_endpoint=http://127.0.0.1:9/v1",
      "--config.served_teacher.preflight=maybe", "served_teacher.preflight must be one of"),
+    ("train_missing_teacher", *TRAIN, "--config.teacher={d}/none", "config.teacher: checkpoint dir"),
     ("train_second_teacher", "launch/train.py", "--config=configs/multi_teacher.py:runlocal", "--workdir={d}/run",
      "--config.teachers.pair3.checkpoint={d}/none", "does not exist"),
     # stopping.py
@@ -91,6 +92,8 @@ CASES = [
     # serve_teacher.py
     ("serve_no_model", "launch/serve_teacher.py", "give exactly one of --config"),
     ("serve_bad_port", "launch/serve_teacher.py", "--checkpoint={teacher}", "--port=70000", "--port in 0..65535"),
+    ("serve_logits_chunk", "launch/serve_teacher.py", "--checkpoint={teacher}", "--logits_chunk=-5",
+     "--logits_chunk must be >= 0"),
     ("serve_missing_checkpoint", "launch/serve_teacher.py", "--checkpoint=/no/such/dir", "does not exist"),
     # sample.py
     ("sample_missing", *SAMPLE, "--checkpoint=/no/such/dir", "does not exist"),

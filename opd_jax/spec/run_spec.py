@@ -78,7 +78,8 @@ class RunSpec:
     group = response_group(rollout, objective)
     _check_layout(train, mesh, rollout, group, device_count or jax.device_count())
     pair = PairSpec.from_config(config)
-    teacher, student = models(pair) if models else (read_hf_config(pair.teacher), read_hf_config(pair.student))
+    teacher, student = models(pair) if models else (_model_config("teacher", pair.teacher),
+                                                    _model_config("student", pair.student))
     max_tokens = data.max_prompt_tokens + rollout.max_new_tokens
     for role, model in (("teacher", teacher), ("student", student)):
       if max_tokens > model.max_position_embeddings:
@@ -234,3 +235,11 @@ def pair_vocab(config) -> PairVocab:
   tokens the two tokenizers disagree on. For entry points that need only the pair (serve_teacher, admission)."""
   return check_pair(config.teacher, config.student, read_hf_config(config.teacher), read_hf_config(config.student),
                     tokenizer_dir=config.tokenizer or None)
+
+
+def _model_config(role: str, path: str):
+  """The pair's model config at `path`; an error names the config field that gave the path."""
+  try:
+    return read_hf_config(path)
+  except InputError as e:
+    raise type(e)(f"config.{role}: {e}") from None
