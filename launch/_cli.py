@@ -144,7 +144,7 @@ def _parse_flags(argv: list[str], required: tuple[str, ...]) -> list[str]:
     if type(flags.FLAGS[name].value).__name__ == "_ErrorConfig":
       given = next((a for a in argv[1:] if a.startswith(f"--{name}=")), f"--{name}")
       path = given.partition("=")[2].split(":")[0]
-      fail(f"{given}: config file {path!r} does not exist or cannot be read; give a path like configs/pair1.py")
+      fail(f"{given}: config file {path!r} does not exist or cannot be read; give a path like {_example(name)}")
     value = flags.FLAGS[name].value  # a config file flag's get_config() must return a ConfigDict
     if type(flags.FLAGS[name]).__name__ == "_ConfigFlag" and value is not None and not hasattr(value, "lock"):
       fail(f"--{name}: get_config() returned a {type(value).__name__}, not an ml_collections.ConfigDict; return "
@@ -155,6 +155,13 @@ def _parse_flags(argv: list[str], required: tuple[str, ...]) -> list[str]:
   if len(rest) > 1:
     fail(f"unexpected argument {rest[1]!r}; flags take the form --name=value (see --helpshort)")
   return rest
+
+
+def _example(name: str) -> str:
+  """The config file a flag's help names ("e.g. configs/sweeps/noise.py"), else the embedded default pair's."""
+  from absl import flags
+  found = re.search(r"e\.g\. (\S+\.py)", flags.FLAGS[name].help or "")
+  return found.group(1) if found else "configs/pair1.py"
 
 
 def _flag_error(message: str) -> str:

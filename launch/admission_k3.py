@@ -25,8 +25,10 @@ def run():
   from opd_jax.experiments import admission_k3
   from opd_jax.experiments.calibrate_report import load_rows
   from opd_jax.experiments.files import write_text
+  from opd_jax.files import check_output_file
   if _PROMPTS.value < 1:
     raise InputError(f"--prompts={_PROMPTS.value} must be >= 1 (calibration prompts)")
+  check_output_file(_OUT.value, "--out", tuple(_RESULTS.value))
   rows = admission_k3.measure(load_rows(_RESULTS.value), common.config_for,
                               num_prompts=_PROMPTS.value, seed=_SEED.value)
   write_text(_OUT.value, "".join(json.dumps(r) + "\n" for r in rows))

@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from launch import _cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config to plan (e.g. configs/real/...py).",
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config to plan, e.g. configs/real/qwen3_8b_to_1p7b.py.",
                                           lock_config=True)
 _MEMORY = flags.DEFINE_float("device_memory_gb", 80.0, "Memory of one device in GiB (2**30 bytes).")
 _DEVICES = flags.DEFINE_integer("devices", None, "Simulated devices, all pools together (default: the devices the "

@@ -24,12 +24,14 @@ _SEED = flags.DEFINE_integer("seed", 0, "Calibration prompts and sampling key.")
 
 def run():
   from opd_jax.experiments import sensitivity_report
+  from opd_jax.files import check_output_dir
   from opd_jax.prepare.pair import prepare_pair
   from opd_jax.spec import screening_spec
   from opd_jax.rollout import precision
   config = _CONFIG.value
   out = _OUT.value or os.path.join("runs", f"sensitivity_{config.pair}")
   precision.canonical_precision(_WEIGHTS.value)  # flags first, then files
+  check_output_dir(out, "--out")
   prepare_pair(config)
   sensitivity_report.run(screening_spec(config), _WEIGHTS.value, out, num_prompts=_PROMPTS.value, target_k3=_TARGET.value,
                          seed=_SEED.value)

@@ -31,15 +31,22 @@ def write_text(path: str, text: str) -> None:
     raise
 
 
-def check_output_file(path: str, flag: str, inputs: tuple = ()) -> None:
-  """Before any work: `path` (a command's `flag`) can be written as a file, and is none of its `inputs`."""
+def check_output_file(path: str, flag: str, inputs: tuple = (), example: str = "out.json") -> None:
+  """Before any work: `path` (a command's `flag`) can be written as a file, and is none of its `inputs`. `example`:
+  the file name the "is a directory" message suggests in it."""
   if any(os.path.realpath(path) == os.path.realpath(i) for i in inputs if i):
     raise InputError(f"{flag}={path!r} is also one of the command's inputs; write the output to another file")
   if os.path.isdir(path):
-    raise InputError(f"{flag}={path!r} is a directory; name a file in it, e.g. {os.path.join(path, 'budget.json')!r}")
+    raise InputError(f"{flag}={path!r} is a directory; name a file in it, e.g. {os.path.join(path, example)!r}")
   folder = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(folder):
-    raise InputError(f"{flag}={path!r}: its folder {folder!r} does not exist; create it or choose another")
+    raise InputError(f"{flag}={path!r}: its folder does not exist ({folder!r}); create it or choose another path")
+
+
+def check_output_dir(path: str, flag: str) -> None:
+  """Before any work: `path` (a command's `flag`, a folder it fills) is not an existing file."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise InputError(f"{flag}={path!r} is a file; this command writes a folder there, so give a folder path")
 
 
 def write_json(path: str, value, indent: int | None = 2, ensure_ascii: bool = True) -> None:

@@ -16,7 +16,15 @@ _OUT = flags.DEFINE_string("out", None, "Output root (default: opd_jax/assets)."
 def main(argv):
   del argv
   _cli.log_devices()
+  from opd_jax.files import check_output_dir
   from opd_jax.train import pairs
+  def check():  # the flags first (the pair names), then the output folder, before any pair is built
+    from opd_jax.errors import InputError
+    unknown = [name for name in _PAIRS.value if name not in pairs.PAIRS]
+    if unknown:
+      raise InputError(f"unknown pair {unknown[0]!r}; known: {sorted(pairs.PAIRS)}")
+    check_output_dir(_OUT.value or pairs.ASSETS, "--out")
+  _cli.run_or_exit(check)
   for name in _PAIRS.value:
     _cli.run_or_exit(lambda: pairs.build_pair(name, _OUT.value or pairs.ASSETS, tuple(_ROLES.value)))
 

@@ -36,9 +36,12 @@ def run():
   import random
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   for path in (_GEMMA.value, _SMOLLM.value):
     if not os.path.isdir(path):
       raise InputError(f"{path} is not a prepared model; prepare it with launch/prepare_model.py (module docstring)")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   chat = os.path.join(_REPO, "opd_jax", "assets", "chat")
   capitals = [p for split in ("train", "heldout") for p in load_jsonl(os.path.join(chat, f"{split}.jsonl"))
               if p.answer is not None]

@@ -31,11 +31,14 @@ def run():
   import numpy as np
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.models import load_pretrained, load_tokenizer
   from opd_jax.models.gguf_import import locate
   from opd_jax.models.tokenizer import encode_prompt
   if _TEXTS.value < 1:
     raise InputError(f"--texts must be >= 1, got {_TEXTS.value}")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   path = locate(_GGUF.value)
   ours_model, tokenizer = load_pretrained(_MODEL.value, jnp.float32), load_tokenizer(_MODEL.value)
   ours64_model = load_pretrained(_MODEL.value, jnp.float32, compute_dtype=jnp.float64)

@@ -31,9 +31,12 @@ _SIMILAR = flags.DEFINE_list("similar", None, "--select: shipped runs of the sam
 
 
 def _plan():
+  from opd_jax.files import check_output_dir
   from study.analysis import heldout
   plan = heldout.plan_for(_PLAN.value)
-  return plan, _BUDGET.value or plan.budget, _OUT.value or plan.out_dir
+  out_dir = _OUT.value or plan.out_dir
+  check_output_dir(out_dir, "--out_dir")  # before the screening
+  return plan, _BUDGET.value or plan.budget, out_dir
 
 
 def screen(pair: str) -> None:

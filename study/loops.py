@@ -27,6 +27,7 @@ def run():
   import numpy as np
 
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.experiments.files import read_jsonl, write_json
   from opd_jax.models import load_pretrained
   from opd_jax.models.tokenizer import encode_prompt, load_tokenizer
@@ -43,6 +44,8 @@ def run():
   step = steps[-1] if _STEP.value < 0 else _STEP.value
   if step not in steps:
     raise InputError(f"--step={step}: --samples has evaluations at steps {steps}")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out", (_SAMPLES.value,))
   tokenizer = load_tokenizer(config.teacher)
   models = {"student": load_pretrained(_STUDENT.value), "teacher": load_pretrained(config.teacher)}
   forward = {name: (lambda tokens, m=m: jax.nn.log_softmax(m(tokens)[0], axis=-1)) for name, m in models.items()}

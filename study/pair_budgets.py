@@ -8,8 +8,6 @@ Prints each point's seed-mean quality loss with its interval and the decision (p
 `launch/calibrate.py --pair_test=results/pair_budgets.json` writes the decision into budget.json.
 """
 
-import os
-
 from absl import flags
 
 from launch import _cli
@@ -24,10 +22,10 @@ def run():
   from opd_jax.experiments.calibrate_report import load_rows
   from opd_jax.experiments.files import write_json
   from opd_jax.experiments.pair_budgets import decide
+  from opd_jax.files import check_output_file
   if not 0 < _TOLERANCE.value < 1:
     raise InputError(f"--tolerance={_TOLERANCE.value:g} must be in (0, 1)")
-  if not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
+  check_output_file(_OUT.value, "--out", tuple(_RESULTS.value))
   result = decide(load_rows(_RESULTS.value), _TOLERANCE.value)
   result["results"] = list(_RESULTS.value)
   for p in result["points"]:

@@ -24,6 +24,7 @@ def run():
   from opd_jax.prepare.pair import prepare_pair
   from opd_jax.spec import screening_spec
   from study.analysis import prefix_shift
+  from opd_jax.files import check_output_dir
   try:
     sigmas = [float(s) for s in _NOISE.value]
   except ValueError:
@@ -32,6 +33,7 @@ def run():
     raise InputError("--noise needs one or more sigma >= 0")
   config = _CONFIG.value
   out = _OUT.value or os.path.join("runs", f"prefix_shift_{config.pair}")
+  check_output_dir(out, "--out")
   prepare_pair(config)
   prefix_shift.run(screening_spec(config), sigmas, out, num_prompts=_PROMPTS.value, seed=_SEED.value)
 

@@ -70,6 +70,9 @@ def run():
           f"{result['n']} held-out configurations")
     if not _RESULTS.value:
       return
+  if _VALIDATE.value:  # before the measuring
+    from opd_jax.files import check_output_dir
+    check_output_dir(_OUT.value, "--out")
   if _VALIDATE.value:
     from configs import common
     from opd_jax.experiments.calibrate_report import load_rows

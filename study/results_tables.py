@@ -20,14 +20,12 @@ _OUT = flags.DEFINE_string("out", "", "Write the page here (whole-file write) in
 
 def run():
   from opd_jax.experiments.files import write_text
+  from opd_jax.files import check_output_file
   from study.tables.results import all_tables, render_page
   if not os.path.isdir(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} is not a folder; the shipped results are in results/")
-  if _OUT.value and os.path.isdir(_OUT.value):
-    raise InputError(f"--out={_OUT.value!r} is a directory; give a file path such as docs/results.md")
-  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    raise InputError(f"--out={_OUT.value!r}: its folder does not exist; create it or give a path such as "
-                     "docs/results.md")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out", example="results.md")
   if not all_tables(_DIR.value):
     raise InputError(f"--results_dir={_DIR.value!r} holds none of the result files (sources.jsonl, budget.json, ...)")
   page = render_page(_DIR.value)

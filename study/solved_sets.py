@@ -23,6 +23,7 @@ _SIZE = flags.DEFINE_integer("problems", 256, "Held-out problems (the sweeps eva
 def run():
   from opd_jax.data.problems import get_problems
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from study.analysis import solved_sets
   from opd_jax.experiments.files import write_json
   from opd_jax.spec import DataSpec
@@ -34,8 +35,8 @@ def run():
     if not sep or not name or not os.path.isdir(path):
       raise InputError(f"--run={spec!r} must be NAME=DIR with DIR an exported student folder (a run's export/)")
     runs[name] = path
-  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   config, d = _CONFIG.value, _CONFIG.value.data
   problems = get_problems(d.source, "heldout", _SIZE.value, d.seed, DataSpec.from_section(config.data).task, d.train_file, d.heldout_file)
   verdicts = {name: solved_sets.solved(path, problems) for name, path in runs.items()}

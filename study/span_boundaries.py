@@ -54,12 +54,14 @@ def run():
   import json
   from configs import common
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.experiments.files import read_jsonl, write_json
   from opd_jax.experiments.run_identity import code_version
   rows = [r for r in read_jsonl(_SAMPLES.value, "samples file") if r.get("step") == _STEP.value
           and r.get("model", "student") == "student"]
   if not rows:
     raise InputError(f"{_SAMPLES.value} has no student sample at step {_STEP.value}; give --step=<an evaluated step>")
+  check_output_file(_OUT.value, "--out", (_SAMPLES.value,))
   config = common.config_for(_PAIR.value)
   result = {"pair": _PAIR.value, "samples": _SAMPLES.value, "step": _STEP.value, "responses": len(rows),
             "code_version": code_version(), **measure(config, [r["response"] for r in rows])}

@@ -30,6 +30,7 @@ def run():
   from opd_jax.data.batching import encode_prompts
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.experiments.files import write_json
   from opd_jax.models import load_pretrained
   from opd_jax.models.tokenizer import load_tokenizer
@@ -44,6 +45,8 @@ def run():
   for role, path in (("teacher", config.teacher), ("student", student_dir)):
     if not os.path.isfile(os.path.join(path, "config.json")):
       raise InputError(f"{role} {path!r} is not an HF directory; prepare the pair first (a run of the config does)")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   problems = load_jsonl(d.train_file if _SPLIT.value == "train" else d.heldout_file)
   tokenizer = load_tokenizer(config.teacher)
   student, teacher = load_pretrained(student_dir), load_pretrained(config.teacher)

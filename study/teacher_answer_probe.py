@@ -67,6 +67,7 @@ def run():
   import statistics
   from configs.gemma3_to_smollm2 import TEACHER_FORMAT, get_config
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.experiments.files import read_jsonl
   from opd_jax.files import write_json
   from opd_jax.models import load_pretrained, load_tokenizer
@@ -75,6 +76,8 @@ def run():
     raise InputError(f"{teacher} is not a prepared model; run the pair's config once, or launch/prepare_model.py")
   if _STUDENT.value and not os.path.isdir(_STUDENT.value):
     raise InputError(f"--student={_STUDENT.value} is not a directory; pass a run's exported student (<workdir>/export)")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out", (_SAMPLES.value, _PROBE.value))
   rows = read_jsonl(_SAMPLES.value, "samples file")
   last = max(r["step"] for r in rows)
   with open(_PROBE.value) as f:

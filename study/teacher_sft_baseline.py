@@ -83,6 +83,7 @@ def run():
   from configs.gemma3_to_smollm2 import FRENCH, TEACHER_FORMAT, get_config
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from study._greedy_answers import answers, plain
   config = get_config()
   teacher, student = _TEACHER.value or config.teacher, _STUDENT.value or config.student
@@ -92,6 +93,8 @@ def run():
                        "launch/prepare_model.py")
   if _STEPS.value < 1 or _BATCH.value < 1:
     raise InputError(f"--steps={_STEPS.value} and --batch_size={_BATCH.value} must be >= 1")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   train = [p.prompt for p in load_jsonl(os.path.join(FRENCH, "train.jsonl"))]
   heldout = load_jsonl(os.path.join(FRENCH, "heldout.jsonl"))
   held_prompts, held_answers = [p.prompt for p in heldout], [p.answer for p in heldout]

@@ -22,10 +22,12 @@ _OUT = flags.DEFINE_string("out", None, "Where the comparison goes (JSON).")
 
 def run():
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.experiments.files import read_budget, read_json, write_json
   from study.analysis import transfer
   if not _MAIN_RUN.value:
     raise InputError("give --main_run=<time.json> for each seed of the pair's main run (the cost's yardstick)")
+  check_output_file(_OUT.value, "--out", (_VALIDATION.value, _BUDGET.value, *_MAIN_RUN.value))
   validation = read_json(_VALIDATION.value, "validation file")
   result = transfer.transfer(validation, read_budget(_BUDGET.value), _BUDGET.value)
   own_path = validation.get("budget_file")

@@ -165,6 +165,10 @@ def test_bfloat16_export_and_failed_export_keeps_old(run, tmp_path, monkeypatch)
   for target in (run, os.path.dirname(run)):
     with pytest.raises(ValueError, match="is a non-empty directory that is not an export"):
       export.export_student(graphdef, params, student, target)
+  # from a workdir, the out dir is refused before the checkpoint is read
+  monkeypatch.setattr(export, "restore_params", lambda *a, **k: pytest.fail("read the checkpoint before refusing"))
+  with pytest.raises(ValueError, match="is a non-empty directory that is not an export"):
+    export.export_from_workdir(run, run)
   assert sorted(os.listdir(run)) == listing
 
 

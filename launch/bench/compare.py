@@ -50,6 +50,9 @@ def run(bench_args: list[str]):
   if not _REV.value:
     from opd_jax.errors import InputError
     raise InputError("--rev is required: the revision to compare the working tree with")
+  if _OUT.value:
+    from opd_jax.files import check_output_file
+    check_output_file(_OUT.value, "--out")
   commit = _cli.git(ROOT, "rev-parse", "--verify", "--short=12", _REV.value + "^{commit}")
   scratch = tempfile.mkdtemp(prefix="opd_compare_")
   worktree = os.path.join(scratch, "rev")

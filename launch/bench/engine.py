@@ -194,9 +194,9 @@ def run():
   from opd_jax.rollout.kv_cache import kv_bytes_per_token
   from opd_jax.rollout.sampler import SamplingConfig
   from opd_jax.errors import InputError
-  folder = os.path.dirname(os.path.abspath(_OUT.value)) if _OUT.value else ""
-  if folder and not os.path.isdir(folder):
-    raise InputError(f"--out={_OUT.value}: folder {folder} does not exist; create it or write elsewhere")
+  from opd_jax.files import check_output_file
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   path = _inputs.checkpoint(_CHECKPOINT.value)[1]
   model = load_pretrained(path)
   graphdef, state = nnx.split(model)

@@ -21,6 +21,7 @@ from absl import flags
 
 from launch import _cli
 from opd_jax.errors import InputError
+from opd_jax.files import check_output_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,8 +38,8 @@ def run() -> int:
   args = shlex.split(_TRAIN_ARGS.value)
   if not args or not all(arg.startswith("--config") for arg in args):
     raise InputError(f"--train_args={_TRAIN_ARGS.value!r} must be --config=FILE and --config.x=v arguments only")
-  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    raise InputError(f"--out={_OUT.value}: its folder does not exist; create it or pick another path")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   env = dict(os.environ, OPD_JAX_COMPILATION_CACHE="off")
   predicted = host_rss.predict_host_rss(os.path.join(REPO, "launch", "plan_memory.py"), args, env)
   print("predicted: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in predicted.items() if k.endswith("bytes")),

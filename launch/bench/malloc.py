@@ -65,9 +65,9 @@ def run() -> None:
   if _STEPS.value <= _WARMUP.value:
     from opd_jax.errors import InputError
     raise InputError(f"--steps={_STEPS.value} leaves no step after --warmup={_WARMUP.value}; raise --steps")
-  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    from opd_jax.errors import InputError
-    raise InputError(f"--out={_OUT.value}: its folder does not exist; create it or give another path")
+  if _OUT.value:
+    from opd_jax.files import check_output_file
+    check_output_file(_OUT.value, "--out")
   variants = {"config": [], "baseline": shlex.split(_BASELINE.value)}
   scratch, runs = tempfile.mkdtemp(prefix="opd_bench_malloc_"), []
   commit = _cli.git(REPO, "rev-parse", "--short=12", "HEAD")

@@ -21,6 +21,9 @@ def run():
   from opd_jax.bench.precision_floor import measure_floor
   from opd_jax.prepare.pair import prepare_pair
   from opd_jax.spec import screening_spec
+  if _OUT.value:
+    from opd_jax.files import check_output_file
+    check_output_file(_OUT.value, "--out")
   prepare_pair(_CONFIG.value)
   rows = measure_floor(screening_spec(_CONFIG.value), _PROMPTS.value)
   print(f"{'sampler':<9} {'learner':<9} {'weights':<8} {'k3':>10} {'k1':>10} {'vocab KL':>10}")

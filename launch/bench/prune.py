@@ -35,12 +35,15 @@ def run():
   import numpy as np
   from opd_jax.data.problems import load_jsonl
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.models import load_pretrained, load_tokenizer
   from opd_jax.prepare.prune import CalibrationSet, LayerScorer, choose_layers
   try:
     schedules = [int(s) for s in _SCHEDULES.value]
   except ValueError:
     raise InputError(f"--drops_per_round must be comma-separated integers, got {_SCHEDULES.value}") from None
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   model = load_pretrained(_MODEL.value, jnp.float32, attention="xla", scan_layers=True)
   layers = model.config.num_hidden_layers
   if not 1 <= _KEEP.value < layers or min(schedules) < 1:

@@ -181,7 +181,10 @@ def run():
   import torch
 
   from opd_jax.bench.models import bench_checkpoint
+  from opd_jax.errors import InputError
 
+  if _OUT.value and os.path.isdir(_OUT.value):  # rows are appended; a missing folder is created
+    raise InputError(f"--out={_OUT.value!r} is a directory; name a JSONL file in it to append the rows to")
   torch.set_num_threads(os.cpu_count())
   provenance = _machine.provenance()
   limits = _machine.machine_limits()

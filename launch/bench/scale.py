@@ -81,6 +81,13 @@ def train_command(pair: dict, objective: str, workdir: str) -> list[str]:
 def main(argv):
   del argv
   from opd_jax.bench.scale_pair import build_scale_pair, pair_paths
+  from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
+  if _OUT.value:  # checked before the pair is built and the runs start, as rows are written after each run
+    try:
+      check_output_file(_OUT.value, "--out")
+    except InputError as e:
+      _cli.fail(str(e))
   root = _ROOT.value or tempfile.mkdtemp(prefix="opd_scale_")
   pair = pair_paths(root)
   if all(os.path.exists(path) for path in pair.values()):

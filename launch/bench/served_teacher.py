@@ -32,12 +32,13 @@ def run():
   from opd_jax.bench.host_rss import run_guarded, write_row
   from opd_jax.bench.served_teacher import compare, summary
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.serving import processes
 
   if not set(_MODES.value) <= {"sync", "async"}:
     raise InputError(f"--modes must be sync and/or async, got {','.join(_MODES.value)}")
-  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   root = _ROOT.value or tempfile.mkdtemp(prefix="opd_served_")
   os.makedirs(root, exist_ok=True)
   env = {**os.environ, "OPD_JAX_COMPILATION_CACHE": "off"}

@@ -10,7 +10,6 @@ K = 0 is the sampled token only (reverse_kl_pg), K = V the whole distribution. -
 (a rerun replaces them). The training outcome per K: configs/sweeps/topk.py.
 """
 
-import os
 import shlex
 import sys
 
@@ -30,6 +29,7 @@ def run():
   from opd_jax.bench.host_rss import write_row
   from opd_jax.bench.topk_transport import measure
   from opd_jax.errors import InputError
+  from opd_jax.files import check_output_file
   from opd_jax.prepare.pair import prepare_pair
   from opd_jax.screening.calibration import Calibration
   from opd_jax.spec import screening_spec
@@ -40,8 +40,8 @@ def run():
     raise InputError(f"--ks must be comma-separated integers, got {','.join(_KS.value)!r}") from None
   if _PROMPTS.value < 1 or min(ks, default=1) < 0:
     raise InputError(f"--prompts must be >= 1 and --ks >= 0, got {_PROMPTS.value} and {ks}")
-  if _OUT.value and not os.path.isdir(os.path.dirname(os.path.abspath(_OUT.value))):
-    raise InputError(f"--out={_OUT.value!r}: its folder does not exist")
+  if _OUT.value:
+    check_output_file(_OUT.value, "--out")
   config = _CONFIG.value
   prepare_pair(config)
   cal = Calibration.from_spec(screening_spec(config), _PROMPTS.value, seed=_SEED.value)

@@ -183,7 +183,7 @@ def run(results_paths: list[str], out: str, *, tolerance: float, relative: bool,
         pair_test: str | None = None, seed_means: bool = False, admission_k3: str | None = None,
         horizon_test: bool = False, quality: str = "accuracy") -> dict:
   budget_lib.check_quality(quality, relative)
-  check_output_file(out, "--out", (*results_paths, pair_test, admission_k3))
+  check_output_file(out, "--out", (*results_paths, pair_test, admission_k3), example="budget.json")
   if not 0 < tolerance < 1:
     raise InputError(f"--tolerance={tolerance:g} must be in (0, 1): accuracy points, with --relative a fraction "
                      "of the baseline accuracy (e.g. 0.02), with --quality=reverse_kl a fraction of the baseline's "

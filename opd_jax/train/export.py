@@ -56,17 +56,7 @@ def export_student(graphdef, params, student_dir: str, out_dir: str, tokenizer_d
   out_dir = os.path.abspath(out_dir)
   tokenizer_dir = tokenizer_dir or student_dir
   model_config = read_hf_config(student_dir)  # errors name the dir
-  for source in {student_dir, tokenizer_dir}:
-    if os.path.realpath(source) == os.path.realpath(out_dir):
-      raise InputError(f"export dir {out_dir!r} is the student / tokenizer dir it reads from; choose another out dir")
-  if _replaces_something_else(out_dir):  # the export replaces out_dir whole
-    raise InputError(f"export dir {out_dir!r} is a non-empty directory that is not an export (a run, or no "
-                     "safetensors), and exporting replaces it whole; choose a new out dir, e.g. <workdir>/export")
-  if not has_tokenizer(tokenizer_dir):
-    raise InputError(f"tokenizer dir {tokenizer_dir!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}); "
-                     "pass the run's tokenizer dir (config.tokenizer)")
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise InputError(f"export dir {out_dir!r} exists and is not a directory; remove it or choose another out dir")
+  check_out_dir(out_dir, student_dir, tokenizer_dir)
   tensors = _hf_tensors(graphdef, params, model_config)
   shards = _plan_shards(tensors, np.dtype(SUPPORTED_DTYPES[dtype_name]).itemsize, max_shard_bytes)
   writer = jax.process_index() == 0
@@ -228,15 +218,30 @@ def _replace_dir(tmp: str, out_dir: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-# --- From a training workdir -------------------------------------------------------------------------------------
+def check_out_dir(out_dir: str, student_dir: str, tokenizer_dir: str) -> None:
+  """Before any work: `out_dir` can take an export of a student read from `student_dir` / `tokenizer_dir`."""
+  out_dir = os.path.abspath(out_dir)
+  for source in {student_dir, tokenizer_dir}:
+    if os.path.realpath(source) == os.path.realpath(out_dir):
+      raise InputError(f"export dir {out_dir!r} is the student / tokenizer dir it reads from; choose another out dir")
+  if _replaces_something_else(out_dir):  # the export replaces out_dir whole
+    raise InputError(f"export dir {out_dir!r} is a non-empty directory that is not an export (a run, or no "
+                     "safetensors), and exporting replaces it whole; choose a new out dir, e.g. <workdir>/export")
+  if not has_tokenizer(tokenizer_dir):
+    raise InputError(f"tokenizer dir {tokenizer_dir!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}); "
+                     "pass the run's tokenizer dir (config.tokenizer)")
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise InputError(f"export dir {out_dir!r} exists and is not a directory; remove it or choose another out dir")
 
 
 def _replaces_something_else(out_dir: str) -> bool:
   """True when `out_dir` holds files that are not an earlier export (a run dir, or a folder above one)."""
-  if not os.path.isdir(out_dir) or not os.listdir(out_dir):
-    return False
-  names = set(os.listdir(out_dir))
-  return not any(n.endswith(".safetensors") for n in names) or bool({"checkpoints", "metrics.jsonl"} & names)
+  names = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
+  no_weights = bool(names) and not any(n.endswith(".safetensors") for n in names)
+  return no_weights or bool({"checkpoints", "metrics.jsonl"} & names)
+
+
+# --- From a training workdir -------------------------------------------------------------------------------------
 
 
 def read_run_pair(workdir: str) -> PairSpec:
@@ -321,5 +326,7 @@ def restore_params(workdir: str, step: int | None = None):
 def export_from_workdir(workdir: str, out_dir: str, step: int | None = None, *, dtype: str = "float32") -> str:
   """Exports the student of a training run at `step` (default latest) to `out_dir`; returns `out_dir`."""
   pair = read_run_pair(workdir)
+  read_hf_config(pair.student)  # a student folder that is gone is named as such
+  check_out_dir(out_dir, pair.student, pair.tokenizer or pair.student)  # before the checkpoint is read
   graphdef, params = restore_params(workdir, step)
   return export_student(graphdef, params, pair.student, out_dir, pair.tokenizer or None, dtype=dtype)
