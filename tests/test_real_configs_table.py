@@ -39,6 +39,36 @@ def test_each_config_is_paired_with_the_main_run_of_the_same_seed(tmp_path):
   assert screen[-1] == f"+0.0% [{lo:+.1f}%, {hi:+.1f}%] |"
 
 
+def test_a_main_run_of_more_seeds_keeps_a_row_over_the_first_three(tmp_path):
+  """Seeds added to the main run later: one row over all of them, one over seeds 0-2 as the other configs ran."""
+  from study.tables import real_configs, real_pair
+  root = tmp_path / "smollm2"
+  firsts = (2.0, 1.95, 1.98, 2.2, 2.1)  # ratios 40.0%, 41.0%, 40.4% (mean above 40%), then 36.4% and 38.1%
+  for seed, first in enumerate(firsts):
+    _write(root / "run" / f"seed{seed}", first, 0.8, 0.7)
+  for seed in (0, 1):
+    _write(root / "screen_beta0.8" / f"seed{seed}", 2.0, 0.8, 0.8)
+  lines = real_configs.tables(str(tmp_path))["smollm2 configs against the main one"].splitlines()
+  ratios = [100 * 0.8 / f for f in firsts]
+  rows = [line.split(" | ") for line in lines[2:]]
+  assert [r[2] for r in rows] == ["0 / 1 / 2 / 3 / 4", "0 / 1 / 2", "0 / 1"]
+  for row, seeds in zip(rows, (ratios, ratios[:3])):
+    lo, hi = t_interval(seeds)
+    assert row[3] == f"{sum(seeds) / len(seeds):.2f}% [{lo:.2f}%, {hi:.2f}%]"
+  # the goals table: five seeds judged, the first three beside (each with its own "met")
+  runs = [[json.loads(line) for line in (root / "run" / f"seed{s}" / "metrics.jsonl").read_text().splitlines()]
+          for s in range(5)]
+  for rows_ in runs:
+    for r in rows_:
+      r.update({"eval/teacher_response_tokens": 28.0, "eval/teacher_at_cap": 0.25, "eval/teacher_repetition": 0.1})
+  goals = real_pair.goals_table(runs).splitlines()
+  assert goals[0].endswith("| distilled (5 seeds) | met | first 3 seeds | met |")
+  last = goals[-1].split(" | ")
+  lo, hi = t_interval(ratios[:3])
+  assert last[-2] == f"{sum(ratios[:3]) / 3:.2f}% [{lo:.2f}%, {hi:.2f}%]" and last[-1] == "no |"
+  assert last[-3] == "yes" and "first 3 seeds" not in real_pair.goals_table(runs[:3])  # five seeds: 39.2%
+
+
 def test_no_table_without_another_config_of_two_seeds(tmp_path):
   from study.tables import real_configs
   _write(tmp_path / "smollm2" / "run" / "seed0", 1.8, 0.7, 0.7)

@@ -74,3 +74,5 @@ def test_mean_cell_writes_the_seed_mean_and_its_t_interval_or_one_value():
   assert mean_cell([0.5, 0.7, 0.6]) == f"0.600 [{lo:.3f}, {hi:.3f}]" and lo < 0.5 and hi > 0.7
   assert mean_cell([0.25, 0.25], lambda x: f"{100 * x:.1f}%") == "25.0%"  # the seeds agree: one value
   assert mean_cell([0.25, 0.25], collapse=False) == "0.250 [0.250, 0.250]" and mean_cell([0.4]) == "0.400"
+  # two hosts' float noise (the seventh digit) still reads as one value; a difference at the fourth does not
+  assert mean_cell([1.993933151, 1.993933471]) == "1.994" and mean_cell([1.9939, 1.9941]).startswith("1.994 [")
