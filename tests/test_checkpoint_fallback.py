@@ -329,6 +329,21 @@ def test_abandoned_read_noise_is_dropped_and_nothing_else(caplog):
   assert seen_except == [other] and [u.exc_value for u in seen_unraisable] == [other]
 
 
+def test_orbax_missing_metadata_line_is_dropped_and_nothing_else(caplog):
+  """orbax logs "Metadata file does not exist: .../_CHECKPOINT_METADATA" (absl, WARNING) for a damaged step while it
+  lists the steps, before the manager's own warning or error names that step; the quieting drops exactly that."""
+  import logging
+  from opd_jax.train.checkpoint import quiet
+  quiet.install()
+  absl_logger = logging.getLogger("absl")
+  with caplog.at_level("WARNING", logger="absl"):
+    absl_logger.warning("Metadata file does not exist: /w/checkpoints/6/_CHECKPOINT_METADATA")
+    absl_logger.warning("Metadata file does not exist: /w/something/else.json")
+    absl_logger.warning("a step is slow to save")
+  assert [r.getMessage() for r in caplog.records] == ["Metadata file does not exist: /w/something/else.json",
+                                                      "a step is slow to save"]
+
+
 def test_processes_that_list_different_steps_stop_with_one_line(tmp_path, monkeypatch):
   """What two processes whose workdir is not one shared filesystem see (process 1 lists step 3 only)."""
   from opd_jax.train.checkpoint import agreement

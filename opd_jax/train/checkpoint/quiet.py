@@ -1,5 +1,5 @@
 """Quieting the tracebacks orbax's abandoned reads leave after a failed restore (a damaged step that the manager
-falls back from). Installed by the commands (launch/_cli.py), not by the library: it wraps the process's
+falls back from), and orbax's own log line about a damaged step's missing metadata. Installed by the commands (launch/_cli.py), not by the library: it wraps the process's
 sys.excepthook and sys.unraisablehook and filters the asyncio logger, which a library should not do to its
 host process. Imports nothing heavy, so it can be installed before jax starts."""
 
@@ -26,6 +26,9 @@ def install() -> None:
   asyncio_logger = logging.getLogger("asyncio")
   if not any(isinstance(f, _AbandonedReadTasks) for f in asyncio_logger.filters):
     asyncio_logger.addFilter(_AbandonedReadTasks())
+  absl_logger = logging.getLogger("absl")  # where orbax logs
+  if not any(isinstance(f, _MissingStepMetadata) for f in absl_logger.filters):
+    absl_logger.addFilter(_MissingStepMetadata())
   if getattr(sys.unraisablehook, "drops_abandoned_reads", False):
     return
   previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
@@ -55,6 +58,15 @@ def _closed_loop(error) -> bool:
 
 # orbax's array-read coroutines (orbax/checkpoint/_src/serialization/serialization.py)
 _ORBAX_READS = ("async_deserialize", "_read_and_create_array", "_read_array_index_and_device_put", "_read_shard")
+
+
+class _MissingStepMetadata(logging.Filter):
+  """Drops orbax's "Metadata file does not exist: <step>/_CHECKPOINT_METADATA" warning, which it logs for a damaged
+  step while listing the steps; the manager names that step and its missing file itself (one warning or error)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.getMessage().startswith("Metadata file does not exist:")
+                and record.getMessage().endswith("_CHECKPOINT_METADATA"))
 
 
 class _AbandonedReadTasks(logging.Filter):
