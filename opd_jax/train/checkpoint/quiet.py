@@ -1,7 +1,8 @@
 """Quieting the tracebacks orbax's abandoned reads leave after a failed restore (a damaged step that the manager
-falls back from), and orbax's own log line about a damaged step's missing metadata. Installed by the commands (launch/_cli.py), not by the library: it wraps the process's
-sys.excepthook and sys.unraisablehook and filters the asyncio logger, which a library should not do to its
-host process. Imports nothing heavy, so it can be installed before jax starts."""
+falls back from), and orbax's own log line about a damaged step's missing metadata. Installed by the commands
+(launch/_cli.py), not by the library: it wraps the process's sys.excepthook and sys.unraisablehook and filters the
+asyncio and absl loggers, which a library should not do to its host process. Imports nothing heavy, so it can be
+installed before jax starts."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def install() -> None:
   or gather ("Task exception was never retrieved", "_GatheringFuture exception was never retrieved"). The
   reason is already in the warning, so the process's excepthook and unraisable hook drop exactly those (passing
   everything else to the hooks they wrap), and a filter on the asyncio logger drops the records whose exception
-  orbax's reads raised.
+  orbax's reads raised. A filter on the absl logger drops orbax's "Metadata file does not exist" line for a step
+  missing its _CHECKPOINT_METADATA, which the manager reports itself.
   """
   asyncio_logger = logging.getLogger("asyncio")
   if not any(isinstance(f, _AbandonedReadTasks) for f in asyncio_logger.filters):
