@@ -346,3 +346,38 @@ def test_execution_options_are_static_and_checked(tiny_checkpoints):
     load_pretrained(tiny_checkpoints["qwen2"], remat="some")
   with pytest.raises(ValueError, match="attention='cudnn' needs a bfloat16 or float16 compute dtype"):
     load_pretrained(tiny_checkpoints["qwen2"], attention="cudnn")
+
+
+@pytest.mark.parametrize("shape,bias", [((2, 5, 16, 24), True), ((8, 104, 576, 1536), False)],
+                         ids=["tiny_with_bias", "smollm2"])
+def test_mlp_on_flattened_tokens_matches_the_old_path(shape, bias):
+  """The MLP runs its matmuls on flattened tokens [B*T, D] (a faster backward on XLA's CPU backend). The old path,
+  einsums over [B, T, D], gives the same outputs exactly and the same gradients up to float32 reassociation: two
+  SwiGLU blocks under scan, at a tiny shape (with llama's MLP biases) and at the real pair's (batch 8 x 104 tokens,
+  576 -> 1536). How XLA fuses the backward decides whether gradients are bit-identical: in the real-pair and pair1
+  training programs they are (launch/bench/same_metrics.py compares every metric of their runs across revisions)."""
+  import types
+  from opd_jax.models.decoder import MLP
+  B, T, D, F = shape
+  config = types.SimpleNamespace(hidden_size=D, intermediate_size=F, mlp_bias=bias, hidden_act="silu")
+  graphdef, params = nnx.split(layer_stack.stack_modules(
+      [MLP(config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(i)) for i in range(2)]))
+  x_BxTxD = jax.random.normal(jax.random.PRNGKey(1), (B, T, D))
+
+  def old_mlp(mlp, x_BxTxD):
+    def mm(a_BxTxD, linear):
+      y_BxTxF = jnp.einsum("btd,df->btf", a_BxTxD, linear.kernel.get_value())
+      return y_BxTxF if linear.bias is None else y_BxTxF + linear.bias.get_value()[None, None, :]
+    return mm(jax.nn.silu(mm(x_BxTxD, mlp.gate_proj)) * mm(x_BxTxD, mlp.up_proj), mlp.down_proj)
+
+  def grads(apply):
+    def loss(params, x_BxTxD):
+      def body(x_BxTxD, layer_params):
+        return x_BxTxD + 0.1 * apply(nnx.merge(graphdef, layer_params), x_BxTxD), None
+      y_BxTxD = jax.lax.scan(body, x_BxTxD, params)[0]
+      return jnp.sum(jnp.sin(y_BxTxD)), y_BxTxD
+    return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x_BxTxD)
+  (old_grads, old_out), (new_grads, new_out) = grads(old_mlp), grads(lambda mlp, x: mlp(x))
+  np.testing.assert_array_equal(np.asarray(new_out), np.asarray(old_out))
+  for old, new in zip(jax.tree.leaves(old_grads), jax.tree.leaves(new_grads), strict=True):
+    np.testing.assert_allclose(new, old, rtol=0, atol=_FUSED_GRAD_RTOL * np.abs(old).max())

@@ -171,9 +171,15 @@ class MLP(nnx.Module):
     self.gelu = c.hidden_act == "gelu_tanh"
 
   def __call__(self, x_BxTxD):
-    gate_BxTxF = self.gate_proj(x_BxTxD)
-    act_BxTxF = jax.nn.gelu(gate_BxTxF, approximate=True) if self.gelu else jax.nn.silu(gate_BxTxF)
-    return self.down_proj(act_BxTxF * self.up_proj(x_BxTxD))
+    # On flattened tokens: each weight gradient then contracts one token dimension, not two (b, t). With two, XLA's
+    # CPU backend transposes the activation gradients inside the fusions that produce them, reading strided: the
+    # real pair's layers forward + backward took 3.06 s, against 2.12 s now (docs/benchmarks.md), and every metric
+    # of launch/bench/same_metrics.py's runs stayed the same (tests/test_models.py bounds the difference
+    # elsewhere). The attention projections gain nothing from it and round differently, so they keep [B, T, D].
+    x_NxD = x_BxTxD.reshape(-1, x_BxTxD.shape[-1])
+    gate_NxF = self.gate_proj(x_NxD)
+    act_NxF = jax.nn.gelu(gate_NxF, approximate=True) if self.gelu else jax.nn.silu(gate_NxF)
+    return self.down_proj(act_NxF * self.up_proj(x_NxD)).reshape(x_BxTxD.shape)
 
 
 class DecoderLayer(nnx.Module):

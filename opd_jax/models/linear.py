@@ -30,7 +30,7 @@ def materialize(weight, dtype) -> jax.Array:
 
 
 class Linear(nnx.Module):
-  """y = x @ kernel (+ bias); kernel is [in, out] (HF stores the transpose)."""
+  """y = x @ kernel (+ bias); kernel is [in, out] (HF stores the transpose); x is [..., in] (usually [B, T, in])."""
 
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool, dtype, param_dtype,
                rngs: nnx.Rngs):
@@ -43,9 +43,9 @@ class Linear(nnx.Module):
   def __call__(self, x_BxTxD: jax.Array, out_dtype=None) -> jax.Array:
     """out_dtype: accumulate and return in this dtype (the LM head asks float32); default the compute dtype."""
     kernel_DxF = materialize(self.kernel.get_value(), self.dtype)
-    y_BxTxF = jnp.einsum("btd,df->btf", x_BxTxD.astype(self.dtype), kernel_DxF, preferred_element_type=out_dtype)
+    y_BxTxF = jnp.einsum("...d,df->...f", x_BxTxD.astype(self.dtype), kernel_DxF, preferred_element_type=out_dtype)
     if self.bias is not None:
-      y_BxTxF = y_BxTxF + self.bias.get_value().astype(y_BxTxF.dtype)[None, None, :]
+      y_BxTxF = y_BxTxF + self.bias.get_value().astype(y_BxTxF.dtype)[(None,) * (y_BxTxF.ndim - 1)]
     return y_BxTxF
 
 
