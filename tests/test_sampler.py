@@ -118,7 +118,8 @@ def test_sampler_on_its_own_mesh_matches_one_device(tiny_checkpoints):
 
 
 def _prefill_rows(sampler, *args) -> set[int]:
-  """Row counts of the [rows, P, ...] activations the compiled program's prefill computes (from its jaxpr)."""
+  """Row counts of the [rows, P, ...] activations the compiled program's prefill computes (from its jaxpr). The
+  attention's projections give them; the MLP's matmuls run on flattened [rows * P, D] tokens and are not counted."""
   P = args[1].shape[1]
   rows = set()
 
